@@ -1,0 +1,27 @@
+"""`adaspec serve | generate | bench | compare`: one entry point, one module per command."""
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {
+    "serve": ("adaspec.server.cli", "serve_main", "run the OpenAI-compatible server"),
+    "generate": ("adaspec.server.cli", "generate_main", "generate for one prompt and print it"),
+    "bench": ("adaspec.bench.cli", "bench_main", "sweep concurrency levels against a server"),
+    "compare": ("adaspec.bench.cli", "compare_main", "start the server per configuration and compare"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: adaspec {" + ",".join(COMMANDS) + "} [options]\n")
+        for name, (_, _, doc) in COMMANDS.items():
+            print(f"  {name:10s} {doc}")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module, func, _ = COMMANDS[argv[0]]
+    import importlib
+    return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

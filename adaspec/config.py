@@ -1,0 +1,156 @@
+"""Frozen configuration of an engine: what to load, how big the cache is, how to schedule,
+how to speculate. Everything user-facing funnels into `EngineConfig.create(**kwargs)`, which
+is shared by the offline `LLM`, the server and the command line (`add_engine_cli_args`)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, fields
+
+SPECULATION_POLICIES = ("off", "always", "threshold", "auto")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    num_blocks: int | None = None        # explicit pool size wins over the memory budget
+    memory_bytes: int | None = None      # KV budget; default: 512 MiB on CPU, 90% of free GPU memory
+    gpu_memory_utilization: float = 0.90
+    enable_prefix_caching: bool = True
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192   # per-step token budget (chunked prefill)
+    max_model_len: int | None = None     # default: the model's max_position_embeddings
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculation. Shapes follow SGLang: `num_steps` draft forwards (tree depth), `topk`
+    branches per step, `num_draft_tokens` tokens verified per request including the root
+    (a chain of k has num_steps=k, topk=1, num_draft_tokens=k+1)."""
+
+    draft: str | None = None
+    policy: str = "off"
+    num_steps: int = 3
+    topk: int = 1
+    num_draft_tokens: int | None = None
+    spec_disable_batch_size: int | None = None
+    hysteresis: int | None = None            # threshold policy: re-enable below N - hysteresis
+    simulate_accept_rate: float | None = None
+    simulate_seed: int = 0
+    auto_profile: bool = True                # auto policy: short start-up profile of step times
+
+    def __post_init__(self) -> None:
+        if self.policy not in SPECULATION_POLICIES:
+            raise ValueError(f"speculation must be one of {SPECULATION_POLICIES}, got {self.policy!r}")
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if self.topk < 1:
+            raise ValueError(f"topk must be >= 1, got {self.topk}")
+        n = self.resolved_num_draft_tokens
+        if n < 2 or n > 1 + self.topk + (self.num_steps - 1) * self.topk * self.topk:
+            raise ValueError(
+                f"num_draft_tokens={n} impossible for num_steps={self.num_steps}, topk={self.topk} "
+                f"(at most {1 + self.topk + (self.num_steps - 1) * self.topk * self.topk})")
+        if self.topk == 1 and n > self.num_steps + 1:
+            raise ValueError(f"a chain (topk=1) of num_steps={self.num_steps} verifies at most "
+                             f"{self.num_steps + 1} tokens, got num_draft_tokens={n}")
+        if self.policy == "threshold" and (self.spec_disable_batch_size is None or self.spec_disable_batch_size < 1):
+            raise ValueError("speculation='threshold' needs spec_disable_batch_size >= 1")
+        if self.policy != "off" and self.draft is None:
+            raise ValueError(f"speculation={self.policy!r} needs a draft model (draft=PATH)")
+        if self.simulate_accept_rate is not None and not (0.0 <= self.simulate_accept_rate <= 1.0):
+            raise ValueError(f"spec_simulate_accept_rate must be in [0, 1], got {self.simulate_accept_rate}")
+
+    @property
+    def resolved_num_draft_tokens(self) -> int:
+        return self.num_draft_tokens if self.num_draft_tokens is not None else self.num_steps + 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy != "off" and self.draft is not None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    tokenizer: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    load_format: str = "auto"            # "auto" (safetensors) | "dummy" (random weights)
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    served_model_name: str | None = None
+
+    @classmethod
+    def create(cls, model: str, **kw) -> "EngineConfig":
+        """Build from flat keyword arguments (the LLM / CLI vocabulary). Unknown keys raise."""
+        groups = {"cache": CacheConfig, "scheduler": SchedulerConfig, "spec": SpecConfig}
+        aliases = {"speculation": "policy", "spec_simulate_accept_rate": "simulate_accept_rate",
+                   "num_kv_blocks": "num_blocks", "kv_cache_memory": "memory_bytes",
+                   "spec_hysteresis": "hysteresis"}
+        top = {f.name for f in fields(cls)} - set(groups)
+        parts: dict[str, dict] = {g: {} for g in groups}
+        own: dict = {}
+        for key, value in kw.items():
+            name = aliases.get(key, key)
+            if name in top:
+                own[name] = value
+                continue
+            for g, klass in groups.items():
+                if name in {f.name for f in fields(klass)}:
+                    parts[g][name] = value
+                    break
+            else:
+                raise TypeError(f"unknown engine option {key!r}")
+        if parts["spec"].get("draft") is not None and "policy" not in parts["spec"]:
+            parts["spec"]["policy"] = "always"
+        return cls(model=model, **own, **{g: groups[g](**v) for g, v in parts.items()})
+
+
+def add_engine_cli_args(p: argparse.ArgumentParser) -> None:
+    """The engine options every command shares (serve, generate, compare)."""
+    p.add_argument("--model", required=True, help="local Hugging Face model directory")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--draft", default=None, help="EAGLE-3 head directory")
+    p.add_argument("--speculation", choices=SPECULATION_POLICIES, default=None,
+                   help="default: 'always' with a draft, else 'off'")
+    p.add_argument("--spec-disable-batch-size", type=int, default=None)
+    p.add_argument("--num-steps", type=int, default=3)
+    p.add_argument("--topk", type=int, default=1)
+    p.add_argument("--num-draft-tokens", type=int, default=None)
+    p.add_argument("--spec-simulate-accept-rate", type=float, default=None,
+                   help="benchmarking only: accept each draft token with this probability")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--kv-cache-memory", type=int, default=None, help="bytes")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--served-model-name", default=None)
+
+
+def engine_kwargs_from_cli(a: argparse.Namespace) -> dict:
+    """Map parsed `add_engine_cli_args` flags to `EngineConfig.create` keywords."""
+    kw = dict(tokenizer=a.tokenizer, device=a.device, dtype=a.dtype, load_format=a.load_format,
+              seed=a.seed, block_size=a.block_size, num_blocks=a.num_kv_blocks,
+              memory_bytes=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
+              enable_prefix_caching=not a.no_prefix_caching, max_num_seqs=a.max_num_seqs,
+              max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
+              served_model_name=a.served_model_name, draft=a.draft, num_steps=a.num_steps,
+              topk=a.topk, num_draft_tokens=a.num_draft_tokens,
+              spec_disable_batch_size=a.spec_disable_batch_size,
+              simulate_accept_rate=a.spec_simulate_accept_rate)
+    if a.speculation is not None:
+        kw["policy"] = a.speculation
+    return kw

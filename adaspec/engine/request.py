@@ -1,0 +1,155 @@
+"""A request's life inside the engine, and what the engine hands back for it.
+
+Token bookkeeping, the invariant everything else relies on:
+  all_token_ids = prompt + generated, length n.
+  num_computed  = positions whose target KV is in the cache; between steps it is n - 1
+                  (the last emitted token is fed on the next step) except while prefilling.
+  The draft head's KV for the pair (hidden_p, token_{p+1}) lives at draft slot p + 1, so
+  after a step the draft cache covers slots 1..num_computed (see spec/drafter.py).
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from adaspec.sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class SpecStats:
+    """Speculation figures of one request (or, summed, of the engine)."""
+
+    verify_steps: int = 0          # target steps in which this request verified >= 1 draft token
+    draft_tokens: int = 0          # draft tokens proposed for verification
+    accepted_tokens: int = 0       # of those, accepted
+    emitted_tokens: int = 0        # tokens emitted by verify steps (accepted + bonus)
+    accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+
+    def record(self, num_drafted_chain: int, num_draft_nodes: int, num_accepted: int) -> None:
+        """One verify step: `num_drafted_chain` = depth of the tree (chain length), `num_draft_nodes`
+        = tree nodes proposed, `num_accepted` = accepted draft tokens (bonus excluded)."""
+        self.verify_steps += 1
+        self.draft_tokens += num_draft_nodes
+        self.accepted_tokens += num_accepted
+        self.emitted_tokens += num_accepted + 1
+        for lst, n in ((self.drafted_per_position, num_drafted_chain), (self.accepted_per_position, num_accepted)):
+            if len(lst) < num_drafted_chain:
+                lst.extend([0] * (num_drafted_chain - len(lst)))
+            for i in range(n):
+                lst[i] += 1
+
+    def merge(self, other: "SpecStats") -> None:
+        self.verify_steps += other.verify_steps
+        self.draft_tokens += other.draft_tokens
+        self.accepted_tokens += other.accepted_tokens
+        self.emitted_tokens += other.emitted_tokens
+        for mine, theirs in ((self.accepted_per_position, other.accepted_per_position),
+                             (self.drafted_per_position, other.drafted_per_position)):
+            if len(mine) < len(theirs):
+                mine.extend([0] * (len(theirs) - len(mine)))
+            for i, v in enumerate(theirs):
+                mine[i] += v
+
+    def as_dict(self) -> dict:
+        rates = [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+        return {
+            "verify_steps": self.verify_steps,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "accept_length": (self.emitted_tokens / self.verify_steps) if self.verify_steps else 0.0,
+            "accept_rate_per_position": rates,
+            "accepted_per_position": list(self.accepted_per_position),
+            "drafted_per_position": list(self.drafted_per_position),
+        }
+
+
+@dataclass
+class RequestOutput:
+    """What the engine reports for a request after a step (incremental) or at the end (whole).
+
+    Incremental (from `Engine.step`): `new_token_ids` / `new_text` hold what this step added.
+    Whole (from `LLM.generate`): `token_ids` / `text` hold everything generated.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str | None
+    new_token_ids: list[int]
+    new_text: str | None
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    spec: dict
+    num_cached_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+class Request:
+    """Engine-side state of one request. Mutated only by the scheduler and the detokenizer."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 eos_token_ids: set[int], arrival: float | None = None,
+                 generator: torch.Generator | None = None):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.all_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.eos_token_ids = eos_token_ids
+        self.arrival = time.monotonic() if arrival is None else arrival
+        self.generator = generator
+        self.status = Status.WAITING
+        self.num_computed = 0
+        self.block_ids: list[int] = []
+        self.num_cached_tokens = 0      # prompt tokens served by the prefix cache (last admission)
+        self.no_kv_write_below = 0      # positions < this already have target KV in shared blocks
+        self.num_hashed_blocks = 0      # leading blocks registered in the prefix cache
+        self.block_hashes: list[int] = []
+        self.finish_reason: str | None = None
+        self.spec = SpecStats()
+        self.draft_hidden: torch.Tensor | None = None  # fc(aux) at the last synced pair
+        self.num_preemptions = 0
+        # detokenizer state
+        self.text = ""
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.stop_checked_len = 0
+        self.num_emitted_reported = 0
+        self.text_reported = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, n={self.num_tokens}, computed={self.num_computed}, "
+                f"blocks={len(self.block_ids)}, {self.status.value})")
