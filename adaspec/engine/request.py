@@ -119,6 +119,7 @@ class Request:
         self.num_hashed_blocks = 0      # leading blocks registered in the prefix cache
         self.block_hashes: list[int] = []
         self.finish_reason: str | None = None
+        self.error: str | None = None
         self.spec = SpecStats()
         self.draft_hidden: torch.Tensor | None = None  # fc(aux) at the last synced pair
         self.num_preemptions = 0

@@ -1,0 +1,324 @@
+"""`adaspec bench` (sweep one running server) and `adaspec compare` (start the server once
+per speculation configuration, sweep each with the same requests, compare).
+
+Both return a process exit code: 0 on success, 1 when the server is unreachable, a server
+fails to start, or no request completed, 2 for bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as _dt
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from adaspec.bench.client import ApiTarget, BenchError
+from adaspec.bench.datasets import Dataset, load_dataset
+from adaspec.bench.report import (compare_rows, compare_table, plot_runs, simulated_banner,
+                                  sweep_table, write_json)
+from adaspec.bench.server import ServerProcess, ServerStartError, free_port
+from adaspec.bench.sweep import Level, SweepConfig, run_sweep
+
+DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64"
+
+#: `add_engine_cli_args` destinations that `compare` forwards to every server unchanged.
+PASSTHROUGH_ENGINE_FLAGS = (
+    "tokenizer", "num_steps", "topk", "num_draft_tokens", "spec_simulate_accept_rate", "device",
+    "dtype", "load_format", "seed", "block_size", "num_kv_blocks", "kv_cache_memory",
+    "gpu_memory_utilization", "no_prefix_caching", "max_num_seqs", "max_num_batched_tokens",
+    "max_model_len", "served_model_name")
+
+
+# ----------------------------------------------------------------------------- arguments
+
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _rate_list(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated rates (or inf), got {text!r}")
+    if not vals or any(not v > 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive rates, got {text!r}")
+    return vals
+
+
+def add_bench_args(p: argparse.ArgumentParser, *, for_compare: bool = False) -> None:
+    """The sweep options. `compare` shares --model/--tokenizer/--seed with the engine flags,
+    so those (and --url) are only added for `bench`."""
+    g = p.add_argument_group("benchmark")
+    if not for_compare:
+        g.add_argument("--url", default="http://127.0.0.1:8000",
+                       help="server root, e.g. http://host:8000 (without /v1)")
+        g.add_argument("--model", default=None,
+                       help="model name to send (default: first id of GET /v1/models)")
+        g.add_argument("--tokenizer", default=None,
+                       help="tokenizer dir to count text-prompt tokens (default: estimate) "
+                            "and to size random token ids")
+        g.add_argument("--seed", type=int, default=0, help="seed of prompts and arrivals")
+    g.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    g.add_argument("--concurrency", type=_int_list, default=None,
+                   help=f"closed-loop levels, comma-separated (default {DEFAULT_CONCURRENCY})")
+    g.add_argument("--request-rate", type=_rate_list, default=None,
+                   help="open-loop Poisson arrival rates in req/s, comma-separated ('inf' = all "
+                        "at once); replaces the concurrency levels")
+    g.add_argument("--max-concurrency", type=int, default=None,
+                   help="open loop: at most this many requests in flight")
+    g.add_argument("--num-prompts", type=int, default=100, help="requests per level")
+    g.add_argument("--num-warmup", type=int, default=2, help="uncounted requests before the sweep")
+    g.add_argument("--dataset", default="random",
+                   help="'random', a Spec-Bench/MT-bench .jsonl path, or 'code:DIR'")
+    g.add_argument("--input-len", type=int, default=128,
+                   help="random: prompt tokens; code: tokens per prompt window")
+    g.add_argument("--output-len", type=int, default=128, help="max_tokens of each request")
+    g.add_argument("--range-ratio", type=float, default=0.0,
+                   help="random: lengths uniform in len*(1-r) .. len*(1+r)")
+    g.add_argument("--vocab-size", type=int, default=None,
+                   help="random: token ids drawn below this (default: tokenizer/model vocab, else 256)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="do not send ignore_eos (outputs may stop early)")
+    g.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds")
+    g.add_argument("--no-metrics", dest="scrape_metrics", action="store_false",
+                   help="do not scrape /metrics for acceptance figures")
+    g.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    if not for_compare:
+        g.add_argument("--label", default=None, help="name of this run in the table and plot")
+        g.add_argument("--result-json", default=None, help="write the results to this JSON file")
+        g.add_argument("--plot", default=None, help="write a PNG of throughput and latency")
+
+
+def _levels(a: argparse.Namespace) -> tuple[Level, ...]:
+    if a.request_rate is not None:
+        if a.concurrency is not None:
+            raise ValueError("give either --concurrency (closed loop) or --request-rate (open loop)")
+        return tuple(Level(concurrency=a.max_concurrency, request_rate=r) for r in a.request_rate)
+    if a.max_concurrency is not None:
+        raise ValueError("--max-concurrency caps the open loop; use it with --request-rate")
+    return tuple(Level(concurrency=c) for c in (a.concurrency or _int_list(DEFAULT_CONCURRENCY)))
+
+
+def _load_tokenizer(path: str | None):
+    if not path:
+        return None
+    try:
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - counting falls back to an estimate
+        print(f"warning: cannot load tokenizer {path!r} ({type(e).__name__}: {e}); "
+              "estimating prompt lengths", file=sys.stderr)
+        return None
+
+
+def _model_vocab(model_dir: str | None) -> int | None:
+    try:
+        return int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
+    except (TypeError, OSError, KeyError, ValueError):
+        return None
+
+
+def _dataset(a: argparse.Namespace, tokenizer_path: str | None, model_dir: str | None) -> Dataset:
+    needs_text_count = a.dataset != "random"
+    tok = _load_tokenizer(tokenizer_path) if (needs_text_count or a.vocab_size is None) else None
+    vocab = a.vocab_size or (len(tok) if tok is not None else None) or _model_vocab(model_dir) or 256
+    count = (lambda s: len(tok.encode(s, add_special_tokens=False))) if tok is not None else None
+    ds = load_dataset(a.dataset, input_len=a.input_len, output_len=a.output_len,
+                      range_ratio=a.range_ratio, seed=a.seed, vocab_size=vocab, count_tokens=count)
+    if a.endpoint == "chat" and a.dataset == "random":
+        raise ValueError("the random dataset sends token ids, which /v1/chat/completions cannot "
+                         "take; use --endpoint completions")
+    return ds
+
+
+def _sweep_config(a: argparse.Namespace) -> SweepConfig:
+    return SweepConfig(levels=_levels(a), num_prompts=a.num_prompts, num_warmup=a.num_warmup,
+                       seed=a.seed, scrape_metrics=a.scrape_metrics, progress=not a.disable_tqdm)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _jsonable_args(a: argparse.Namespace) -> dict:
+    return {k: v for k, v in vars(a).items()}
+
+
+def _completed(run: dict) -> int:
+    return sum(lv["completed"] for lv in run.get("levels", []))
+
+
+# ----------------------------------------------------------------------------- bench
+
+def bench_main(argv: Sequence[str]) -> int:
+    """`adaspec bench`: sweep a running OpenAI-compatible server (adaspec, vLLM, SGLang)."""
+    p = argparse.ArgumentParser(prog="adaspec bench", description=bench_main.__doc__)
+    add_bench_args(p)
+    a = p.parse_args(list(argv))
+    try:
+        cfg = _sweep_config(a)
+        dataset = _dataset(a, a.tokenizer, None)
+    except ValueError as e:
+        p.error(str(e))
+    target = ApiTarget(base_url=a.url, model=a.model or "", endpoint=a.endpoint,
+                       ignore_eos=a.ignore_eos, temperature=a.temperature, timeout_s=a.timeout)
+    try:
+        run = asyncio.run(run_sweep(target, dataset, cfg))
+    except BenchError as e:
+        print(f"adaspec bench: error: {e}", file=sys.stderr)
+        return 1
+    label = a.label or run["model"]
+    result = {"tool": "adaspec bench", "command": "adaspec bench " + shlex.join(argv),
+              "date": _now(), "config": _jsonable_args(a), "url": a.url, "endpoint": a.endpoint,
+              "dataset": dataset.name, "label": label, **run}
+    if run["simulated_acceptance"] is not None:
+        result["simulated_acceptance_note"] = simulated_banner(run["simulated_acceptance"])
+    title = f"adaspec bench: {a.url}  model={run['model']}  dataset={dataset.name}"
+    print(sweep_table(run, title))
+    if a.result_json:
+        print(f"results: {write_json(a.result_json, result)}")
+    if a.plot:
+        print(f"plot:    {plot_runs(a.plot, {label: run}, title, run['simulated_acceptance'])}")
+    if _completed(run) == 0:
+        print("adaspec bench: error: no request completed; first errors: "
+              + json.dumps(run["levels"][0]["errors"]), file=sys.stderr)
+        return 1
+    return 0
+
+
+# ----------------------------------------------------------------------------- compare
+
+def parse_config(text: str) -> tuple[str, int | None]:
+    """'off' | 'always' | 'auto' | 'threshold:N' -> (policy, spec_disable_batch_size)."""
+    name, _, arg = text.strip().partition(":")
+    if name in ("off", "always", "auto"):
+        if arg:
+            raise ValueError(f"configuration {text!r} takes no argument")
+        return name, None
+    if name == "threshold":
+        try:
+            n = int(arg)
+        except ValueError:
+            raise ValueError(f"configuration {text!r}: use threshold:N with an integer N") from None
+        if n < 1:
+            raise ValueError(f"configuration {text!r}: N must be >= 1")
+        return name, n
+    raise ValueError(f"unknown configuration {text!r}: use off, always, threshold:N or auto")
+
+
+def passthrough_flags(p: argparse.ArgumentParser, a: argparse.Namespace) -> list[str]:
+    """The engine flags given with a non-default value, as command-line words."""
+    words: list[str] = []
+    for dest in PASSTHROUGH_ENGINE_FLAGS:
+        value = getattr(a, dest)
+        if value == p.get_default(dest):
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                words.append(flag)
+        else:
+            words += [flag, str(value)]
+    return words
+
+
+def server_command(a: argparse.Namespace, policy: str, disable_bs: int | None, port: int,
+                   extra: Sequence[str]) -> list[str]:
+    """`python -m adaspec.cli serve ...` for one configuration ('off' runs without the draft)."""
+    cmd = [sys.executable, "-m", "adaspec.cli", "serve", "--model", a.model]
+    if policy != "off":
+        cmd += ["--draft", a.draft]
+    cmd += ["--speculation", policy]
+    if disable_bs is not None:
+        cmd += ["--spec-disable-batch-size", str(disable_bs)]
+    return cmd + ["--host", "127.0.0.1", "--port", str(port), *extra]
+
+
+def compare_main(argv: Sequence[str]) -> int:
+    """`adaspec compare`: start the adaspec server once per speculation configuration, sweep
+    each with the same requests and seeds, and compare output throughput level by level."""
+    from adaspec.config import add_engine_cli_args
+
+    p = argparse.ArgumentParser(prog="adaspec compare", description=compare_main.__doc__)
+    add_engine_cli_args(p)
+    p.add_argument("--configs", default="off,always",
+                   help="comma-separated: off, always, threshold:N, auto")
+    p.add_argument("--out-dir", required=True, help="compare.json, compare.png and server logs")
+    p.add_argument("--server-timeout", type=float, default=600.0,
+                   help="seconds to wait for each server's /health")
+    add_bench_args(p, for_compare=True)
+    a = p.parse_args(list(argv))
+    if a.speculation is not None or a.spec_disable_batch_size is not None:
+        p.error("--speculation/--spec-disable-batch-size are set per configuration: use --configs")
+    try:
+        configs = [(c.strip(), *parse_config(c)) for c in a.configs.split(",") if c.strip()]
+        if not configs:
+            raise ValueError("--configs is empty")
+        if len({c[0] for c in configs}) != len(configs):
+            raise ValueError(f"--configs repeats a configuration: {a.configs}")
+        if a.draft is None and any(pol != "off" for _, pol, _ in configs):
+            raise ValueError("configurations other than 'off' need --draft")
+        cfg = _sweep_config(a)
+        dataset = _dataset(a, a.tokenizer or a.model, a.model)
+    except ValueError as e:
+        p.error(str(e))
+
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    extra = passthrough_flags(p, a)
+    simulated = a.spec_simulate_accept_rate
+    title = (f"adaspec compare: model={a.model} draft={a.draft} dataset={dataset.name} "
+             f"in={a.input_len} out={a.output_len} prompts/level={a.num_prompts}")
+    runs: dict[str, dict] = {}
+    failures = 0
+    for label, policy, disable_bs in configs:
+        port = free_port()
+        cmd = server_command(a, policy, disable_bs, port, extra)
+        safe = label.replace(":", "-")
+        entry: dict = {"server_command": cmd, "server_log": str(out_dir / f"server-{safe}.log"),
+                       "error": None, "levels": []}
+        runs[label] = entry
+        print(f"== {label}: starting {shlex.join(cmd)}", file=sys.stderr)
+        server = ServerProcess(cmd, f"http://127.0.0.1:{port}", entry["server_log"],
+                               startup_timeout=a.server_timeout)
+        try:
+            with server:
+                entry["startup_s"] = server.startup_s
+                target = ApiTarget(base_url=server.base_url, model="", endpoint=a.endpoint,
+                                   ignore_eos=a.ignore_eos, temperature=a.temperature,
+                                   timeout_s=a.timeout)
+                entry.update(asyncio.run(run_sweep(target, dataset, cfg)))
+        except BenchError as e:
+            entry["error"] = str(e)
+            failures += 1
+            print(f"adaspec compare: {label}: error: {e}", file=sys.stderr)
+            continue
+        if entry.get("simulated_acceptance") is None and simulated is not None and policy != "off":
+            entry["simulated_acceptance"] = simulated
+        print(sweep_table(entry, f"-- {label}"))
+        if _completed(entry) == 0:
+            failures += 1
+
+    rows = compare_rows(runs)
+    names = [c[0] for c in configs]
+    print()
+    print(compare_table(rows, names, title, simulated))
+    result = {"tool": "adaspec compare", "command": "adaspec compare " + shlex.join(argv),
+              "date": _now(), "config": _jsonable_args(a), "dataset": dataset.name,
+              "simulated_acceptance": simulated,
+              "simulated_acceptance_note": simulated_banner(simulated) or None,
+              "configs": runs, "comparison": rows}
+    print(f"results: {write_json(out_dir / 'compare.json', result)}")
+    print(f"plot:    {plot_runs(out_dir / 'compare.png', runs, title, simulated)}")
+    return 1 if failures else 0

@@ -1,0 +1,260 @@
+"""The engine (step loop) and the offline `LLM` API.
+
+    plan    = scheduler.schedule()          # policy decides, KV is reserved
+    results = runner.execute(plan)          # draft, target forward, verify
+    changed = scheduler.postprocess(...)    # commit, stop, roll back rejected slots
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+
+from adaspec.config import EngineConfig
+from adaspec.engine.detokenizer import Detokenizer
+from adaspec.engine.kv_cache import KVCacheManager
+from adaspec.engine.request import Request, RequestOutput, SpecStats
+from adaspec.engine.runner import ModelRunner
+from adaspec.engine.scheduler import Scheduler, StepPlan, StepResult
+from adaspec.sampling import SamplingParams, make_generator
+from adaspec.spec.policy import StepFeedback, make_policy
+
+log = logging.getLogger("adaspec")
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def load_tokenizer(path: str | None):
+    if path is None or not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig):
+        self.config = cfg
+        self.runner = ModelRunner(cfg)
+        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+        self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
+        bs = cfg.cache.block_size
+        capacity = self.runner.num_blocks * bs - 1
+        wanted = cfg.scheduler.max_model_len
+        if wanted is not None and wanted > capacity:
+            raise ValueError(f"max_model_len={wanted} exceeds the KV cache ({capacity} tokens); "
+                             f"give the cache more memory or lower max_model_len")
+        self.max_model_len = min(wanted or self.runner.spec.max_position, capacity)
+        self.kv = KVCacheManager(self.runner.num_blocks, bs, cfg.cache.enable_prefix_caching)
+        self.policy = make_policy(cfg.spec)
+        self.scheduler = Scheduler(cfg.scheduler, self.kv, self.policy, self.max_model_len,
+                                   draft_sync=self.runner.draft is not None, detokenizer=self.detokenizer)
+        self.requests: dict[str, Request] = {}
+        self.spec_stats = SpecStats()
+        self.counters = Counter()
+        self.draft_len_histogram: Counter = Counter()
+        self.last_draft_len = 0
+        self._ids = itertools.count()
+        if self.runner.draft is not None and hasattr(self.policy, "warm_up"):
+            self.policy.warm_up(self)
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kw) -> "Engine":
+        return cls(EngineConfig.create(model, **kw))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.spec.vocab_size
+
+    # ---- requests -------------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompt given but the model directory has no tokenizer; pass token ids")
+            return self.tokenizer.encode(prompt)
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise ValueError("prompt must be a string or a list of integer token ids")
+        return list(prompt)
+
+    def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> str:
+        """Validate and queue a request. Raises ValueError saying what is wrong."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        params.validate()
+        ids = self.tokenize(prompt)
+        if not ids:
+            raise ValueError("prompt is empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} out of range [0, {self.vocab_size})")
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
+                             f"model's context of {self.max_model_len} tokens")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; use stop_token_ids")
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        eos = set(self.runner.spec.eos_token_ids)
+        req = Request(request_id, ids, params, eos, generator=make_generator(params.seed, self.runner.device))
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        self.counters["prompt_tokens"] += len(ids)
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        req = self.scheduler.abort(request_id)
+        if req is not None:
+            self.requests.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step loop --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return incremental outputs of the requests that changed."""
+        plan = self.scheduler.schedule()
+        failed = [r for r in self.requests.values() if r.is_finished and r.error]
+        if plan.empty:
+            return self._outputs(failed)
+        t0 = time.perf_counter()
+        results = self.runner.execute(plan)
+        changed = self.scheduler.postprocess(plan, results)
+        self._observe(plan, results, time.perf_counter() - t0)
+        return self._outputs(failed + changed)
+
+    def _observe(self, plan: StepPlan, results: list[StepResult], elapsed: float) -> None:
+        acc, drafted = Counter(), Counter()
+        for s, res in zip(plan.scheduled, results):
+            if s.draft is not None:
+                self.spec_stats.record(res.tree_depth, res.tree_nodes, res.num_accepted)
+                for d in range(res.tree_depth):
+                    drafted[d] += 1
+                for d in range(res.num_accepted):
+                    acc[d] += 1
+        draft_len = plan.draft_len
+        self.last_draft_len = draft_len
+        self.counters["spec_steps" if draft_len else "nonspec_steps"] += 1
+        self.draft_len_histogram[draft_len] += 1
+        self.counters["num_steps"] += 1
+        depth = max(drafted) + 1 if drafted else 0
+        self.policy.observe(StepFeedback(
+            batch_size=len(plan.scheduled), num_tokens=plan.num_tokens, draft_len=draft_len, step_time=elapsed,
+            num_prefill_tokens=sum(s.num_new_tokens for s in plan.scheduled if s.num_new_tokens > 1),
+            accepted_per_position=tuple(acc[d] for d in range(depth)),
+            drafted_per_position=tuple(drafted[d] for d in range(depth))))
+
+    def _outputs(self, reqs: list[Request]) -> list[RequestOutput]:
+        outs = []
+        for req in reqs:
+            if req.is_finished and self.detokenizer is not None and req.finish_reason != "stop":
+                self.detokenizer.flush(req)
+            new_ids = req.output_token_ids[req.num_emitted_reported:]
+            req.num_emitted_reported = req.num_output_tokens
+            self.counters["generation_tokens"] += len(new_ids)
+            text = new_text = None
+            if self.tokenizer is not None:
+                # Hold back what could still turn out to be the start of a stop string.
+                hold = 0 if req.is_finished or not req.params.stop else max(map(len, req.params.stop)) - 1
+                upto = max(req.text_reported, len(req.text) - hold)
+                new_text = req.text[req.text_reported:upto]
+                req.text_reported = upto
+                text = req.text[:upto]
+            outs.append(RequestOutput(
+                request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
+                token_ids=req.output_token_ids, text=text, new_token_ids=new_ids, new_text=new_text,
+                finished=req.is_finished, finish_reason=req.finish_reason, spec=req.spec.as_dict(),
+                num_cached_tokens=req.num_cached_tokens, error=req.error))
+            if req.is_finished:
+                self.requests.pop(req.request_id, None)
+                if req.finish_reason in ("stop", "length"):
+                    self.counters[f"finished_{req.finish_reason}"] += 1
+        return outs
+
+    # ---- observability --------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.kv.num_free
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.kv.num_blocks
+
+    def stats(self) -> dict:
+        return {
+            **self.spec_stats.as_dict(),
+            "spec_steps": self.counters["spec_steps"],
+            "nonspec_steps": self.counters["nonspec_steps"],
+            "draft_len_histogram": dict(sorted(self.draft_len_histogram.items())),
+            "last_draft_len": self.last_draft_len,
+            "policy": self.policy.name,
+            "policy_state": self.policy.describe(),
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "num_free_blocks": self.kv.num_free,
+            "num_total_blocks": self.kv.num_blocks,
+            "block_size": self.kv.block_size,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prompt_tokens": self.counters["prompt_tokens"],
+            "generation_tokens": self.counters["generation_tokens"],
+            "prefix_cache_hit_tokens": self.kv.prefix_hit_tokens,
+            "num_steps": self.counters["num_steps"],
+        }
+
+
+class LLM:
+    """Offline batch generation.
+
+        llm = LLM("path/to/model", device="cpu", dtype="float32")
+        outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=32, temperature=0.0))
+    """
+
+    def __init__(self, model: str, **kwargs):
+        self.engine = Engine.from_kwargs(model, **kwargs)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts must be a non-empty list of strings or of token-id lists")
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        base = next(self.engine._ids)
+        ids = [f"llm-{base}-{i}" for i in range(len(prompts))]
+        added = []
+        try:
+            for rid, prompt, p in zip(ids, prompts, params):
+                added.append(self.engine.add_request(rid, prompt, p))
+        except ValueError:
+            for rid in added:
+                self.engine.abort_request(rid)
+            raise
+        done: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+            bar = tqdm(total=len(ids), desc="generate")
+        while len(done) < len(ids):
+            for out in self.engine.step():
+                if out.finished and out.request_id in ids:
+                    done[out.request_id] = out
+                    if bar:
+                        bar.update(1)
+            if not self.engine.has_unfinished() and len(done) < len(ids):
+                raise RuntimeError("engine stopped with unfinished requests")
+        if bar:
+            bar.close()
+        return [done[r] for r in ids]
+
+    def stats(self) -> dict:
+        return self.engine.stats()

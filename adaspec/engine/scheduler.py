@@ -1,0 +1,235 @@
+"""The scheduler: decides what runs each step and owns every KV reservation and release.
+
+`schedule()` returns a `StepPlan` (printable). Order of business each step:
+  1. ask the speculation policy once for the step's draft shape  <- the one decision point
+  2. cap it per request (opt-out, max_draft_tokens, tokens left, context left)
+  3. reserve exactly the slots the plan needs (running requests first, then new ones),
+     dropping a request's speculation, then preempting the newest request, if blocks run out
+`postprocess()` appends emitted tokens, applies stop conditions, advances `num_computed`
+and rolls back the slots of rejected draft tokens.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from adaspec.config import SchedulerConfig
+from adaspec.engine.kv_cache import KVCacheManager
+from adaspec.engine.request import Request, Status
+from adaspec.spec.policy import SpeculationPolicy
+from adaspec.spec.tree import DraftShape
+
+
+@dataclass
+class ScheduledRequest:
+    req: Request
+    num_new_tokens: int               # committed tokens fed to the target this step
+    draft: DraftShape | None = None   # this request's draft budget (None = no speculation)
+
+    @property
+    def samples(self) -> bool:
+        """True when the step reaches the end of the sequence, so a token is emitted."""
+        return self.req.num_computed + self.num_new_tokens == self.req.num_tokens
+
+
+@dataclass
+class StepPlan:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    policy_shape: DraftShape | None = None   # what the policy decided for the step
+    batch_size: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens + (s.draft.num_nodes if s.draft else 0) for s in self.scheduled)
+
+    @property
+    def draft_len(self) -> int:
+        return max((s.draft.num_nodes for s in self.scheduled if s.draft), default=0)
+
+    def __str__(self) -> str:
+        rows = [f"  {s.req.request_id}: +{s.num_new_tokens} tokens, draft={s.draft or 0}" for s in self.scheduled]
+        pre = f", preempted {[r.request_id for r in self.preempted]}" if self.preempted else ""
+        return f"StepPlan(policy={self.policy_shape or 0}, batch={self.batch_size}{pre})\n" + "\n".join(rows)
+
+
+@dataclass
+class StepResult:
+    """Runner output for one scheduled request."""
+
+    emitted: list[int]            # accepted draft tokens + the bonus token ([] mid-prefill)
+    num_accepted: int = 0         # accepted draft tokens (their KV is now in place)
+    tree_depth: int = 0           # depth of the verified tree (0 = no speculation)
+    tree_nodes: int = 0           # draft tokens verified
+    path: list[int] = field(default_factory=list)  # accepted tree node indices, root excluded
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, policy: SpeculationPolicy,
+                 max_model_len: int, draft_sync: bool, detokenizer=None):
+        self.cfg = cfg
+        self.kv = kv
+        self.policy = policy
+        self.max_model_len = max_model_len
+        # With a draft head whose KV must stay fresh, every request keeps one extra slot:
+        # the draft's pair (hidden_p, token_{p+1}) lives at slot p + 1.
+        self.draft_sync = draft_sync
+        self.extra_slot = 1 if draft_sync else 0
+        self.detokenizer = detokenizer
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # ---- queue management -----------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def abort(self, request_id: str) -> Request | None:
+        for q in (self.running, self.waiting):
+            for r in list(q):
+                if r.request_id == request_id:
+                    q.remove(r)
+                    self._finish(r, "abort")
+                    return r
+        return None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- the plan -------------------------------------------------------------------------
+    def draft_budget(self, req: Request, shape: DraftShape | None) -> DraftShape | None:
+        """Per-request cap of the policy's shape: opt-out, max_draft_tokens, tokens left."""
+        if shape is None or not req.params.speculate:
+            return None
+        depth = shape.num_steps
+        if req.params.max_draft_tokens is not None:
+            depth = min(depth, req.params.max_draft_tokens)
+        # Drafting past the last token the request may emit is wasted work and KV.
+        left = min(req.params.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens)
+        return shape.capped(min(depth, left - 1))
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.cfg.max_num_batched_tokens
+        plan.batch_size = len(self.running) + min(len(self.waiting), max(0, self.cfg.max_num_seqs - len(self.running)))
+        plan.policy_shape = self.policy.decide(plan.batch_size) if self.draft_sync else None
+        running = list(self.running)
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            num_new = min(req.num_tokens - req.num_computed, budget)
+            decoding = req.num_tokens - req.num_computed == 1
+            draft = self.draft_budget(req, plan.policy_shape) if decoding else None
+            if draft is not None and num_new + draft.num_nodes > budget:
+                draft = draft.capped(0)
+            while True:
+                slots = req.num_computed + num_new + (draft.spec_slots if draft else 0) + self.extra_slot
+                if self.kv.reserve(req, slots):
+                    break
+                if draft is not None:      # give up speculation before anyone's KV
+                    draft = None
+                    continue
+                victim = running.pop()     # newest request goes back to the queue
+                self._preempt(victim, plan)
+                if victim is req:
+                    req = None
+                    break
+            if req is None:
+                break
+            plan.scheduled.append(ScheduledRequest(req, num_new, draft))
+            budget -= num_new + (draft.num_nodes if draft else 0)
+            i += 1
+        # New requests, oldest first, while budget, sequence slots and blocks allow.
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs and not plan.preempted:
+            req = self.waiting[0]
+            if req.num_computed == 0 and not req.block_ids:
+                self._match_prefix(req)
+            num_new = min(req.num_tokens - req.num_computed, budget)
+            if not self.kv.reserve(req, req.num_computed + num_new + self.extra_slot):
+                if not self.running:
+                    self._check_fits_ever(req)
+                break
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            plan.scheduled.append(ScheduledRequest(req, num_new, None))
+            budget -= num_new
+        return plan
+
+    def _match_prefix(self, req: Request) -> None:
+        cached = self.kv.match_prefix(req)
+        req.num_cached_tokens = cached
+        # The draft head needs the target's hidden state at the last cached position (it
+        # pairs with the first uncached token), so recompute that one token without
+        # rewriting its KV in the shared block.
+        req.num_computed = cached - 1 if (cached and self.draft_sync) else cached
+        req.no_kv_write_below = cached
+
+    def _check_fits_ever(self, req: Request) -> None:
+        need = self.kv.blocks_for(req.num_computed + min(req.num_tokens - req.num_computed,
+                                                         self.cfg.max_num_batched_tokens) + self.extra_slot)
+        if need > self.kv.num_blocks:
+            self.waiting.remove(req)
+            self.kv.free_request(req)
+            req.status = Status.FINISHED
+            req.finish_reason = "abort"
+            req.error = (f"request needs {need} KV blocks but the cache holds {self.kv.num_blocks}")
+
+    def _preempt(self, req: Request, plan: StepPlan) -> None:
+        self.running.remove(req)
+        self.kv.free_request(req)
+        req.num_computed = 0
+        req.no_kv_write_below = 0
+        req.draft_hidden = None
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        plan.preempted.append(req)
+
+    # ---- after the step -------------------------------------------------------------------
+    def postprocess(self, plan: StepPlan, results: list[StepResult]) -> list[Request]:
+        """Apply the runner's results; return the requests that changed (finished included)."""
+        changed = []
+        for s, res in zip(plan.scheduled, results):
+            req = s.req
+            if req.is_finished:          # aborted while the step ran
+                continue
+            req.num_computed += s.num_new_tokens + res.num_accepted
+            if s.draft is not None:
+                req.spec.record(res.tree_depth, res.tree_nodes, res.num_accepted)
+            for tok in res.emitted:
+                req.all_token_ids.append(tok)
+                reason = self._stop_reason(req, tok)
+                if reason is not None:
+                    self._finish(req, reason)
+                    break
+            if res.emitted:
+                changed.append(req)
+            if req.is_finished:
+                continue
+            # Rollback: keep slots for committed KV (+ the draft's shifted slot) only.
+            self.kv.release_tail(req, req.num_computed + self.extra_slot)
+            self.kv.commit(req)
+        return changed
+
+    def _stop_reason(self, req: Request, tok: int) -> str | None:
+        p = req.params
+        if (tok in req.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
+            return "stop"
+        if self.detokenizer is not None and self.detokenizer.update(req):
+            return "stop"  # a stop string completed; the detokenizer cut the text
+        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, req: Request, reason: str) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        self.kv.free_request(req)
+        req.status = Status.FINISHED
+        req.finish_reason = reason

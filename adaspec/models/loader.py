@@ -1,0 +1,106 @@
+"""Weights from a local Hugging Face directory (single or sharded safetensors), or random.
+
+Contract: every parameter of the module is filled from the checkpoint (or, with
+`load_format="dummy"`, from a seeded normal distribution); a missing tensor or a shape
+mismatch raises ValueError naming it. Extra checkpoint tensors are ignored.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from adaspec.models.registry import parse_model_spec
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "half": torch.float16}
+
+
+def resolve_dtype(name: str, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        if name not in DTYPES:
+            raise ValueError(f"unknown dtype {name!r}; use one of auto, float32, float16, bfloat16")
+        return DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32
+    return DTYPES.get(checkpoint_dtype or "bfloat16", torch.bfloat16) if checkpoint_dtype != "float32" else torch.bfloat16
+
+
+def safetensor_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / f for f in sorted(set(weight_map.values()))]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir} (use load_format='dummy' for random weights)")
+    return files
+
+
+def iter_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for f in safetensor_files(model_dir):
+        with safe_open(str(f), framework="pt") as sf:
+            for name in sf.keys():
+                yield name, sf.get_tensor(name)
+
+
+def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[str], str],
+               optional: Callable[[str], bool] = lambda n: False) -> set[str]:
+    """Copy checkpoint tensors into `module`'s parameters; returns the names of the parameters
+    left unfilled (only those `optional` allows). Raises ValueError on missing or misshapen."""
+    params = dict(module.named_parameters(remove_duplicate=True))
+    wanted = {checkpoint_name(n): n for n in params}
+    filled = set()
+    for name, tensor in iter_tensors(model_dir):
+        pname = wanted.get(name)
+        if pname is None:
+            continue
+        p = params[pname]
+        if tuple(tensor.shape) != tuple(p.shape):
+            raise ValueError(f"tensor {name!r} in {model_dir} has shape {tuple(tensor.shape)}, "
+                             f"expected {tuple(p.shape)}")
+        with torch.no_grad():
+            p.copy_(tensor.to(p.dtype))
+        filled.add(pname)
+    missing = [n for n in params if n not in filled and not optional(n)]
+    if missing:
+        raise ValueError(f"checkpoint {model_dir} lacks tensor(s) {[checkpoint_name(n) for n in missing][:8]}")
+    return {n for n in params if n not in filled}
+
+
+def init_dummy(module: nn.Module, seed: int, std: float = 0.02) -> None:
+    """Random weights of the right shapes: normal(0, std) matrices, unit norms, small biases."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.fill_(1.0)
+            else:
+                t = torch.randn(p.shape, generator=g) * (std if not name.endswith("bias") else 0.0)
+                p.copy_(t.to(p.dtype))
+
+
+def load_model(model_dir: str | Path, device: torch.device, dtype: str = "auto",
+               load_format: str = "auto", seed: int = 0):
+    """Build the target model on `device` and fill its weights. Returns (model, spec, torch dtype)."""
+    model_dir = Path(model_dir)
+    spec, klass = parse_model_spec(model_dir)
+    tdtype = resolve_dtype(dtype, spec.torch_dtype, device)
+    with torch.device("meta"):
+        model = klass(spec)
+    model = model.to_empty(device=device).to(tdtype)
+    if spec.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    if load_format == "dummy":
+        init_dummy(model, seed)
+    elif load_format == "auto":
+        load_state(model, model_dir, model.checkpoint_name)
+    else:
+        raise ValueError(f"unknown load_format {load_format!r}; use 'auto' or 'dummy'")
+    return model.eval(), spec, tdtype
+

@@ -1,0 +1,95 @@
+"""Architecture registry: config.json `architectures[0]` -> (model class, arch flags)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from adaspec.models.llama import LlamaForCausalLM, ModelArch, ModelSpec
+
+MODEL_REGISTRY: dict[str, tuple[type, ModelArch]] = {
+    "LlamaForCausalLM": (LlamaForCausalLM, ModelArch()),
+    "MistralForCausalLM": (LlamaForCausalLM, ModelArch()),
+    "Qwen2ForCausalLM": (LlamaForCausalLM, ModelArch(qkv_bias=True)),
+    "Qwen3ForCausalLM": (LlamaForCausalLM, ModelArch(qk_norm=True)),
+}
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} not found: a model directory needs a config.json") from None
+
+
+def rope_parameters(cfg: dict) -> dict:
+    """transformers >= 5 writes `rope_parameters`; older configs `rope_theta` + `rope_scaling`."""
+    params = dict(cfg.get("rope_parameters") or {})
+    if not params:
+        params = dict(cfg.get("rope_scaling") or {})
+        params["rope_theta"] = cfg.get("rope_theta", 10000.0)
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params.pop("type")
+    params.setdefault("rope_type", "default")
+    params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    return params
+
+
+def sliding_windows(cfg: dict, arch: str, num_layers: int) -> tuple:
+    window = cfg.get("sliding_window")
+    if not window:
+        return (None,) * num_layers
+    layer_types = cfg.get("layer_types")
+    if layer_types:
+        return tuple(window if t == "sliding_attention" else None for t in layer_types)
+    if arch.startswith("Qwen") and not cfg.get("use_sliding_window", False):
+        return (None,) * num_layers
+    return (window,) * num_layers
+
+
+def eos_ids(model_dir: Path, cfg: dict) -> tuple:
+    ids = None
+    gen = model_dir / "generation_config.json"
+    if gen.exists():
+        ids = json.loads(gen.read_text()).get("eos_token_id")
+    if ids is None:
+        ids = cfg.get("eos_token_id")
+    if ids is None:
+        return ()
+    return tuple(ids) if isinstance(ids, list) else (ids,)
+
+
+def parse_model_spec(model_dir: str | Path) -> tuple[ModelSpec, type]:
+    """Read config.json into a ModelSpec and pick the model class. Unknown arch -> ValueError."""
+    model_dir = Path(model_dir)
+    cfg = read_json(model_dir / "config.json")
+    archs = cfg.get("architectures") or []
+    arch = next((a for a in archs if a in MODEL_REGISTRY), None)
+    if arch is None:
+        raise ValueError(f"unsupported architecture {archs or cfg.get('model_type')!r} in {model_dir}/config.json; "
+                         f"supported: {sorted(MODEL_REGISTRY)}")
+    klass, flags = MODEL_REGISTRY[arch]
+    nh = cfg["num_attention_heads"]
+    L = cfg["num_hidden_layers"]
+    spec = ModelSpec(
+        architecture=arch,
+        hidden_size=cfg["hidden_size"],
+        num_layers=L,
+        num_heads=nh,
+        num_kv_heads=cfg.get("num_key_value_heads") or nh,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // nh,
+        intermediate_size=cfg["intermediate_size"],
+        vocab_size=cfg["vocab_size"],
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rope_parameters=rope_parameters(cfg),
+        max_position=cfg.get("max_position_embeddings", 4096),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=flags.qkv_bias or bool(cfg.get("attention_bias", False)),
+        qk_norm=flags.qk_norm,
+        sliding_windows=sliding_windows(cfg, arch, L),
+        eos_token_ids=eos_ids(model_dir, cfg),
+        torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
+        hidden_act=cfg.get("hidden_act", "silu"),
+    )
+    if spec.hidden_act != "silu":
+        raise ValueError(f"unsupported hidden_act {spec.hidden_act!r} (only silu)")
+    return spec, klass

@@ -1,0 +1,329 @@
+"""Run the synchronous `Engine` in a background thread and expose it to asyncio.
+
+Threading contract (the engine is not thread-safe, so exactly one thread ever touches it):
+  * The engine thread owns the engine. It applies queued commands (add / abort / stop) only
+    between steps, then calls `step()` while anything is unfinished, and sleeps on the command
+    queue when idle.
+  * The event-loop thread owns `_streams` (request id -> RequestStream). The engine thread hands
+    each step's outputs to the loop with ONE `call_soon_threadsafe`, so streams never see a
+    half-dispatched step and the loop is never blocked by engine work.
+  * `stats` is a snapshot of `engine.stats()` taken by the engine thread after every step and
+    every batch of commands; readers (metrics, /server_info) never call into the engine.
+
+Failure contract:
+  * `add_request` raises the engine's ValueError (bad input) to the caller, nothing else happens.
+  * An output carrying `error`, or an exception while adding, fails only that request: its
+    stream raises `EngineError` and the error is logged.
+  * If `step()` raises, every in-flight request is aborted and failed with `EngineError`, the
+    traceback is logged, and the loop keeps serving new requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from typing import Any, AsyncIterator
+
+from adaspec.engine.request import RequestOutput
+from adaspec.sampling import SamplingParams
+
+logger = logging.getLogger("adaspec.server")
+
+
+class EngineError(RuntimeError):
+    """The engine failed a request for an internal reason (not the client's fault)."""
+
+
+class RequestStream:
+    """The outputs of one engine request, consumed with `async for` on the event loop.
+
+    Iteration yields incremental `RequestOutput`s and stops after the finished one; it raises
+    `EngineError` if the request failed. Timestamps (monotonic seconds) feed the latency metrics.
+    """
+
+    def __init__(self, request_id: str, arrival: float):
+        self.request_id = request_id
+        self.arrival = arrival
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.finished = False
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def _put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if item.finished:
+            self.finished = True
+        return item
+
+
+class AsyncEngine:
+    """Asyncio front of a synchronous engine (see the module docstring for the contract).
+
+    `metrics` (optional) receives `on_output(stream, output, now)` for every dispatched output
+    and `on_abort(stream)` for client aborts; it is called on the event loop.
+    """
+
+    def __init__(self, engine: Any, *, metrics: Any = None, idle_poll_s: float = 0.5):
+        self.engine = engine
+        self.metrics = metrics
+        self._idle_poll_s = idle_poll_s
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._in_engine: set[str] = set()       # engine-thread view of unfinished requests
+        self._stats: dict = self._safe_stats()
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self.stopping = False
+
+    # ----- properties read by the API ------------------------------------------------------
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.max_model_len)
+
+    @property
+    def config(self):
+        return self.engine.config
+
+    @property
+    def stats(self) -> dict:
+        """The latest `engine.stats()` snapshot (a dict that is replaced, never mutated)."""
+        return self._stats
+
+    @property
+    def num_inflight(self) -> int:
+        """Requests accepted and not yet finished: waiting + running + about to be added."""
+        return len(self._streams)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self.stopping
+
+    # ----- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread; must be called from the event loop that will consume outputs."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="adaspec-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Abort whatever is still in flight, fail its streams, and join the engine thread."""
+        self.stopping = True
+        if self._thread is None:
+            return
+        self._commands.put(("stop",))
+        await asyncio.to_thread(self._thread.join, timeout)
+        if self._thread.is_alive():
+            logger.error("engine thread did not stop within %.1fs (a step is still running)", timeout)
+        for stream in list(self._streams.values()):
+            stream._put(EngineError("the server is shutting down"))
+        self._streams.clear()
+
+    # ----- request API (event loop) -------------------------------------------------------------
+    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                          arrival: float | None = None) -> RequestStream:
+        """Queue a request and wait until the engine has accepted it (between two steps).
+
+        Raises ValueError (bad input, message from the engine), EngineError (internal failure
+        while adding) or RuntimeError if the engine is stopping.
+        """
+        if not self.is_alive:
+            raise EngineError("the engine is not running")
+        if request_id in self._streams:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        stream = RequestStream(request_id, time.monotonic() if arrival is None else arrival)
+        # Registered before the engine sees the request, so its first output always has a home.
+        self._streams[request_id] = stream
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:  # pairs with the engine thread's final drain: no add is ever orphaned
+            if self._stopped.is_set():
+                self._streams.pop(request_id, None)
+                raise EngineError("the engine is not running")
+            self._commands.put(("add", request_id, prompt, params, done))
+        try:
+            await asyncio.wrap_future(done)
+        except BaseException:
+            # Includes cancellation (client gone while waiting): the abort is a no-op if the
+            # engine rejected the request, and releases it if it had been accepted.
+            self._streams.pop(request_id, None)
+            self._commands.put(("abort", request_id))
+            raise
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request (client went away). Idempotent; its KV is freed before the next step."""
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return
+        if not stream.finished and self.metrics is not None:
+            self.metrics.on_abort(stream)
+        stream.finished = True
+        self._commands.put(("abort", request_id))
+
+    # ----- engine thread ------------------------------------------------------------------------
+    def _safe_stats(self) -> dict:
+        try:
+            return dict(self.engine.stats())
+        except Exception:  # stats are best-effort; never let them take the loop down
+            logger.exception("engine.stats() failed")
+            return {}
+
+    def _run(self) -> None:
+        try:
+            while True:
+                busy = self.engine.has_unfinished()
+                if not self._apply_commands(block=not busy):
+                    break
+                if not self.engine.has_unfinished():
+                    continue
+                self._step()
+        except BaseException:
+            logger.exception("engine thread crashed")
+            self._fail_all(EngineError("the engine thread crashed"))
+            raise
+        finally:
+            with self._lock:
+                self._stopped.set()
+                self._reject_pending_adds()
+
+    def _reject_pending_adds(self) -> None:
+        """Commands that arrived after the loop ended would otherwise leave callers waiting."""
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "add":
+                cmd[-1].set_exception(EngineError("the engine is not running"))
+
+    def _apply_commands(self, block: bool) -> bool:
+        """Apply every queued command; when `block`, wait for the first one. False means stop."""
+        applied = False
+        while True:
+            try:
+                cmd = self._commands.get(timeout=self._idle_poll_s) if block and not applied \
+                    else self._commands.get_nowait()
+            except queue.Empty:
+                break
+            applied = True
+            kind = cmd[0]
+            if kind == "add":
+                self._add(*cmd[1:])
+            elif kind == "abort":
+                self._abort(cmd[1])
+            elif kind == "stop":
+                for rid in list(self._in_engine):
+                    self._abort(rid)
+                self._stats = self._safe_stats()
+                return False
+        if applied:
+            self._stats = self._safe_stats()
+        return True
+
+    def _add(self, request_id: str, prompt, params: SamplingParams,
+             done: concurrent.futures.Future) -> None:
+        try:
+            self.engine.add_request(request_id, prompt, params)
+        except ValueError as e:
+            done.set_exception(e)
+            return
+        except Exception as e:
+            logger.exception("adding request %s failed", request_id)
+            done.set_exception(EngineError(f"internal error while adding the request: {e}"))
+            return
+        self._in_engine.add(request_id)
+        done.set_result(None)
+
+    def _abort(self, request_id: str) -> None:
+        self._in_engine.discard(request_id)
+        try:
+            self.engine.abort_request(request_id)
+        except Exception:
+            logger.exception("aborting request %s failed", request_id)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:
+            logger.exception("engine step failed; failing %d in-flight request(s)", len(self._in_engine))
+            failed = list(self._in_engine)
+            for rid in failed:
+                self._abort(rid)
+            self._stats = self._safe_stats()
+            self._post(self._dispatch_errors, failed, EngineError(f"internal engine error: {e}"))
+            return
+        now = time.monotonic()
+        for out in outputs:
+            if out.finished or out.error:
+                if out.error and not out.finished:
+                    self._abort(out.request_id)
+                self._in_engine.discard(out.request_id)
+        self._stats = self._safe_stats()
+        if outputs:
+            self._post(self._dispatch, outputs, now)
+
+    def _post(self, fn, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: the server is gone, nobody is listening
+            pass
+
+    def _fail_all(self, exc: EngineError) -> None:
+        failed = list(self._in_engine)
+        self._in_engine.clear()
+        self._post(self._dispatch_errors, failed, exc)
+
+    # ----- event loop side of dispatch ------------------------------------------------------------
+    def _dispatch(self, outputs: list[RequestOutput], now: float) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:      # aborted by its client meanwhile
+                continue
+            if out.error:
+                logger.error("request %s failed in the engine: %s", out.request_id, out.error)
+                self._streams.pop(out.request_id, None)
+                stream._put(EngineError(out.error))
+                continue
+            if self.metrics is not None:
+                self.metrics.on_output(stream, out, now)
+            if out.new_token_ids:
+                if stream.first_token_time is None:
+                    stream.first_token_time = now
+                stream.last_token_time = now
+            if out.finished:
+                self._streams.pop(out.request_id, None)
+            stream._put(out)
+
+    def _dispatch_errors(self, request_ids: list[str], exc: EngineError) -> None:
+        for rid in request_ids:
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                stream._put(exc)
+
+    async def iterate(self, stream: RequestStream) -> AsyncIterator[RequestOutput]:
+        """Iterate a stream and abort its request if the consumer stops early (disconnect)."""
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            if not stream.finished:
+                self.abort(stream.request_id)

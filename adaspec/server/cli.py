@@ -1,0 +1,183 @@
+"""`adaspec serve` (the OpenAI-compatible server) and `adaspec generate` (one prompt from the shell).
+
+serve: loads the engine, serves it with uvicorn, logs ONE startup line (model, draft, policy, KV
+capacity, URL) once the socket listens. SIGINT/SIGTERM stop accepting connections, let in-flight
+requests finish for up to --shutdown-timeout seconds, abort the rest, and exit with status 0.
+
+generate: streams the completion of one prompt to stdout; a summary line (token counts, speed,
+and with a draft the acceptance length) goes to stderr so stdout stays the completion only.
+Exit status: 0 success, 2 bad arguments or input, 1 the server could not start.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+
+from adaspec.config import EngineConfig, add_engine_cli_args, engine_kwargs_from_cli
+
+logger = logging.getLogger("adaspec.server")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _load_engine(args: argparse.Namespace):
+    from adaspec.engine.engine import Engine
+    return Engine(EngineConfig.create(args.model, **engine_kwargs_from_cli(args)))
+
+
+# ----- serve ------------------------------------------------------------------------------------------
+def build_serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="adaspec serve", description="Run the OpenAI-compatible server.")
+    add_engine_cli_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (logged at startup)")
+    p.add_argument("--max-queue-len", type=int, default=1024,
+                   help="requests in flight (waiting + running) beyond which new ones get 503 + Retry-After")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests may take to finish after SIGINT/SIGTERM")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    return p
+
+
+def serve_main(argv: list[str]) -> int:
+    args = build_serve_parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    if args.max_queue_len < 1:
+        logger.error("--max-queue-len must be >= 1")
+        return 2
+    try:
+        engine = _load_engine(args)
+    except (ValueError, TypeError, OSError) as e:
+        logger.error("cannot start the engine: %s", e)
+        return 2
+
+    import uvicorn
+
+    from adaspec.server.api import ServerSettings, create_app
+
+    settings = ServerSettings(served_model_name=args.served_model_name or args.model,
+                              max_queue_len=args.max_queue_len, shutdown_timeout=args.shutdown_timeout)
+    app = create_app(engine, settings)
+    cfg = engine.config
+    block_size = cfg.cache.block_size
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if not self.started:
+                return
+            port = self.servers[0].sockets[0].getsockname()[1] if self.servers else args.port
+            total = int(app.state.aengine.stats.get("num_total_blocks", 0) or 0)
+            logger.info("adaspec serving %s | draft %s | speculation %s | KV capacity %d tokens "
+                        "(%d blocks x %d) | http://%s:%d", settings.served_model_name,
+                        cfg.spec.draft or "none", cfg.spec.policy, total * block_size, total,
+                        block_size, args.host, port)
+
+    # uvicorn's own start/stop chatter stays below the one startup line unless debugging.
+    uv_level = "debug" if args.log_level == "debug" else "warning"
+    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=uv_level,
+                                   access_log=args.access_log, lifespan="on",
+                                   timeout_graceful_shutdown=args.shutdown_timeout))
+    # uvicorn re-raises the signal that stopped it once it has shut down gracefully; with the
+    # default handlers that would kill the process (status 143 for SIGTERM). These no-op
+    # handlers are what it re-raises into, so a graceful stop exits 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    if not server.started:
+        return 1
+    logger.info("adaspec server stopped")
+    return 0
+
+
+# ----- generate ---------------------------------------------------------------------------------------
+def build_generate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="adaspec generate", description="Generate a completion for one prompt.")
+    add_engine_cli_args(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
+    p.add_argument("--chat", action="store_true", help="send --prompt as a user message through the chat template")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="default 0 (greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--no-speculate", action="store_true", help="opt this request out of speculation")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def generate_main(argv: list[str]) -> int:
+    from adaspec.sampling import SamplingParams
+    from adaspec.server.prompts import encode_chat, encode_text
+
+    p = build_generate_parser()
+    args = p.parse_args(argv)
+    _setup_logging(args.log_level)
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, min_p=args.min_p, stop=args.stop,
+                                ignore_eos=args.ignore_eos, speculate=not args.no_speculate)
+        prompt_ids = None
+        if args.prompt_ids is not None:
+            prompt_ids = [int(t) for t in args.prompt_ids.replace(" ", "").split(",") if t]
+    except ValueError as e:
+        print(f"adaspec generate: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        engine = _load_engine(args)
+    except (ValueError, TypeError, OSError) as e:
+        print(f"adaspec generate: error: cannot start the engine: {e}", file=sys.stderr)
+        return 2
+    tok = engine.tokenizer
+    try:
+        if prompt_ids is None:
+            if tok is None:
+                raise ValueError("the model has no tokenizer; use --prompt-ids")
+            prompt_ids = (encode_chat(tok, [{"role": "user", "content": args.prompt}]) if args.chat
+                          else encode_text(tok, args.prompt))
+        engine.add_request("generate-0", prompt_ids, params)
+    except ValueError as e:
+        print(f"adaspec generate: error: {e}", file=sys.stderr)
+        return 2
+
+    start = time.perf_counter()
+    first_token_s = None
+    final = None
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.new_token_ids and first_token_s is None:
+                first_token_s = time.perf_counter() - start
+            if out.new_text:
+                sys.stdout.write(out.new_text)
+                sys.stdout.flush()
+            if out.finished:
+                final = out
+    elapsed = time.perf_counter() - start
+    if final is None:
+        print("adaspec generate: error: the engine finished without output", file=sys.stderr)
+        return 1
+    if final.text is None:  # no tokenizer: the completion is its token ids
+        sys.stdout.write(" ".join(str(t) for t in final.token_ids))
+    sys.stdout.write("\n")
+    n = len(final.token_ids)
+    summary = (f"[{len(final.prompt_token_ids)} prompt tokens, {n} generated, finish_reason={final.finish_reason}, "
+               f"{elapsed:.2f}s, {n / elapsed if elapsed > 0 else 0.0:.1f} tok/s, "
+               f"first token {first_token_s or 0.0:.3f}s]")
+    if engine.config.spec.enabled:
+        spec = final.spec or {}
+        summary += (f"\n[speculation {engine.config.spec.policy}: acceptance length "
+                    f"{float(spec.get('accept_length', 0.0)):.2f} over {spec.get('verify_steps', 0)} verify steps, "
+                    f"{spec.get('accepted_tokens', 0)}/{spec.get('draft_tokens', 0)} draft tokens accepted]")
+    print(summary, file=sys.stderr)
+    return 0

@@ -1,0 +1,150 @@
+"""OpenAI request bodies (pydantic) and the error type every 4xx/5xx answer is built from.
+
+Contract:
+  * Models validate *types* strictly (a string where a number belongs is a 400, not a silent
+    conversion); *ranges* of sampling values are checked by `SamplingParams.validate`, so the
+    server and the offline API reject exactly the same values.
+  * Unknown fields are ignored, as OpenAI-compatible servers usually do, so clients that send
+    vendor extras keep working. Known OpenAI fields that adaspec does not implement are
+    accepted only at their neutral value (e.g. `logprobs: null`, `echo: false`); anything else
+    is a 400 naming the field, rather than silently returning something different.
+  * Extras beyond OpenAI (vLLM spelling): top_k, min_p, ignore_eos, stop_token_ids,
+    speculate (per-request opt-out of speculation), max_draft_tokens, return_token_ids.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+Number = Union[StrictInt, StrictFloat]
+
+
+class APIError(Exception):
+    """An OpenAI-style error: rendered as {"error": {message, type, param, code}} with `status`."""
+
+    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: StrictBool = False
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: StrictStr | None = None
+    max_tokens: StrictInt | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    n: StrictInt = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = None
+    user: StrictStr | None = None
+    # Known OpenAI fields accepted only at their neutral value (see `unsupported`).
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    logit_bias: dict[str, Any] | None = None
+    # adaspec / vLLM extras
+    top_k: StrictInt | None = None
+    min_p: Number | None = None
+    ignore_eos: StrictBool = False
+    stop_token_ids: list[StrictInt] | None = None
+    speculate: StrictBool = True
+    max_draft_tokens: StrictInt | None = None
+    return_token_ids: StrictBool = False
+
+    def _common_unsupported(self) -> tuple[str, str] | None:
+        if self.presence_penalty not in (None, 0):
+            return "presence_penalty", "presence_penalty is not supported (use 0 or omit it)"
+        if self.frequency_penalty not in (None, 0):
+            return "frequency_penalty", "frequency_penalty is not supported (use 0 or omit it)"
+        if self.logit_bias:
+            return "logit_bias", "logit_bias is not supported"
+        return None
+
+
+class CompletionRequest(_SamplingFields):
+    """POST /v1/completions. `prompt` is a string, a list of strings, a list of token ids, or a
+    list of token-id lists; each prompt becomes one choice (index = position in the list)."""
+
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    echo: StrictBool = False
+    logprobs: StrictInt | None = None
+    best_of: StrictInt | None = None
+    suffix: StrictStr | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(param, message) of the first field set to a value adaspec does not implement."""
+        if self.echo:
+            return "echo", "echo is not supported"
+        if self.logprobs is not None:
+            return "logprobs", "logprobs is not supported"
+        if self.best_of not in (None, 1):
+            return "best_of", "best_of must be 1 (or omitted)"
+        if self.suffix:
+            return "suffix", "suffix is not supported"
+        return self._common_unsupported()
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """POST /v1/chat/completions. The prompt is the tokenizer's chat template applied to
+    `messages` with add_generation_prompt=True. `max_completion_tokens` wins over the legacy
+    `max_tokens` when both are given."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.logprobs:
+            return "logprobs", "logprobs is not supported"
+        if self.top_logprobs:
+            return "top_logprobs", "top_logprobs is not supported"
+        if self.tools:
+            return "tools", "tools are not supported"
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            return "response_format", "only response_format {'type': 'text'} is supported"
+        return self._common_unsupported()
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -1,0 +1,70 @@
+"""Verification of a draft tree against the target: pure functions, no engine state.
+
+Greedy: walk from the root, following the child whose token equals the target's argmax at
+the current node; the argmax at the last accepted node is the bonus token.
+
+Sampling: at each node the target's distribution p (after temperature / top-k / top-p) is
+compared with the children in order (they are deterministic top-k picks, i.e. q = one-hot):
+child x is accepted with probability p_res(x); on rejection x is removed from the residual,
+p_res <- normalise(p_res with x zeroed), and the next sibling is tried. If every child is
+rejected the bonus token is drawn from the residual. Each emitted token is therefore an
+exact sample of the target distribution (standard speculative sampling with q = delta).
+
+Both return (accepted node indices along the path, bonus token).
+"""
+from __future__ import annotations
+
+import torch
+
+from adaspec.spec.tree import DraftTree
+
+
+def verify_greedy(tree: DraftTree, target_argmax: list[int]) -> tuple[list[int], int]:
+    kids = tree.children()
+    node, path = 0, []
+    while True:
+        want = target_argmax[node]
+        nxt = next((c for c in kids[node] if tree.tokens[c] == want), None)
+        if nxt is None:
+            return path, want
+        path.append(nxt)
+        node = nxt
+
+
+def verify_sampled(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None,
+                   default: torch.Generator | None = None) -> tuple[list[int], int]:
+    """probs: [N, V] target probabilities at each tree node (rows in node order)."""
+    kids = tree.children()
+    node, path = 0, []
+    g = generator or default
+    while True:
+        p = probs[node].clone()
+        accepted = None
+        for c in kids[node]:
+            x = tree.tokens[c]
+            px = float(p[x])
+            if px > 0.0 and float(torch.rand((), device=p.device, generator=g)) < px:
+                accepted = c
+                break
+            p[x] = 0.0
+            total = float(p.sum())
+            if total <= 0.0:  # numerically nothing left; fall back to the unmodified target
+                p = probs[node].clone()
+                break
+            p /= total
+        if accepted is None:
+            noise = torch.empty_like(p).exponential_(generator=g)
+            return path, int((p / noise).argmax())
+        path.append(accepted)
+        node = accepted
+
+
+def simulate_acceptance(tree: DraftTree, rate: float, generator: torch.Generator) -> list[int]:
+    """Benchmarking only (`spec_simulate_accept_rate`): accept the best child at each depth
+    with probability `rate`, given its parent was accepted. Returns the accepted path."""
+    kids = tree.children()
+    node, path = 0, []
+    while kids[node] and float(torch.rand((), generator=generator)) < rate:
+        node = kids[node][0]
+        path.append(node)
+    return path

@@ -1,0 +1,260 @@
+"""Server behaviour that needs a misbehaving engine: a fake engine (the Engine contract, with
+deterministic tokens and injectable failures) served in-process by uvicorn on a free port.
+
+What is checked here cannot be provoked through the real engine on purpose: step() raising,
+one request failing inside the engine, and add_request raising something other than ValueError.
+Each must fail only the affected requests, and the server must keep serving.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from adaspec.config import EngineConfig
+from adaspec.engine.request import RequestOutput
+from adaspec.server.api import ServerSettings, create_app
+
+STEP_FAILS = 299      # a prompt starting with this id makes step() raise
+REQUEST_FAILS = 298   # ... makes the engine report an error for that request only
+ADD_CRASHES = 297     # ... makes add_request raise a non-ValueError
+VOCAB = 300
+BLOCK = 16
+
+
+class FakeEngine:
+    """The Engine contract with token t+1 = (7 t + 3) mod 256 and no tokenizer (token-id prompts)."""
+
+    def __init__(self, max_model_len: int = 128, num_blocks: int = 64, step_delay: float = 0.002):
+        self.config = EngineConfig.create("fake-model", num_blocks=num_blocks)
+        self.tokenizer = None
+        self.max_model_len = max_model_len
+        self.num_blocks = num_blocks
+        self.step_delay = step_delay
+        self.reqs: dict[str, SimpleNamespace] = {}
+        self.generation_tokens = 0
+        self.steps = 0
+        self.thread_ids: set[int] = set()
+        self.aborted: list[str] = []
+
+    def _blocks(self, r) -> int:
+        return math.ceil((len(r.prompt) + len(r.out)) / BLOCK)
+
+    def add_request(self, request_id, prompt, params):
+        self.thread_ids.add(threading.get_ident())
+        if isinstance(prompt, str):
+            raise ValueError("a text prompt needs a tokenizer")
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if any(t < 0 or t >= VOCAB for t in prompt):
+            raise ValueError(f"prompt token id out of range [0, {VOCAB})")
+        if prompt[0] == ADD_CRASHES:
+            raise RuntimeError("add crashed")
+        self.reqs[request_id] = SimpleNamespace(prompt=list(prompt), params=params, out=[])
+
+    def abort_request(self, request_id):
+        if self.reqs.pop(request_id, None) is not None:
+            self.aborted.append(request_id)
+
+    def has_unfinished(self):
+        return bool(self.reqs)
+
+    def step(self):
+        self.thread_ids.add(threading.get_ident())
+        time.sleep(self.step_delay)
+        self.steps += 1
+        if any(r.prompt[0] == STEP_FAILS for r in self.reqs.values()):
+            raise RuntimeError("step exploded")
+        outs = []
+        for rid, r in list(self.reqs.items()):
+            if r.prompt[0] == REQUEST_FAILS:
+                del self.reqs[rid]
+                outs.append(RequestOutput(rid, r.prompt, list(r.out), None, [], None, True, "abort", {},
+                                          error="the request broke"))
+                continue
+            last = (r.out or r.prompt)[-1]
+            tok = (7 * last + 3) % 256
+            r.out.append(tok)
+            self.generation_tokens += 1
+            done = len(r.out) >= r.params.max_tokens
+            if done:
+                del self.reqs[rid]
+            outs.append(RequestOutput(rid, r.prompt, list(r.out), None, [tok], None, done,
+                                      "length" if done else None, {}))
+        return outs
+
+    def stats(self):
+        used = sum(self._blocks(r) for r in self.reqs.values())
+        return {"verify_steps": 0, "draft_tokens": 0, "accepted_tokens": 0, "accept_length": 0.0,
+                "accept_rate_per_position": [], "accepted_per_position": [], "drafted_per_position": [],
+                "spec_steps": 0, "nonspec_steps": self.steps, "draft_len_histogram": {0: self.steps},
+                "last_draft_len": 0, "policy": "off", "num_running": len(self.reqs), "num_waiting": 0,
+                "num_free_blocks": self.num_blocks - used, "num_total_blocks": self.num_blocks,
+                "num_preemptions": 0, "prompt_tokens": 0, "generation_tokens": self.generation_tokens,
+                "prefix_cache_hit_tokens": 0}
+
+
+def expected(prompt: list[int], n: int) -> list[int]:
+    out, last = [], prompt[-1]
+    for _ in range(n):
+        last = (7 * last + 3) % 256
+        out.append(last)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def fake_server():
+    import uvicorn
+
+    engine = FakeEngine()
+    app = create_app(engine, ServerSettings(served_model_name="fake", max_queue_len=64, shutdown_timeout=2))
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    yield SimpleNamespace(url=url, engine=engine, app=app)
+    server.should_exit = True
+    thread.join(10)
+
+
+def _complete(url, prompt, max_tokens=5, **kw):
+    return httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens,
+                                                     "return_token_ids": True, **kw}, timeout=30)
+
+
+def test_token_id_prompts_and_batches(fake_server):
+    r = _complete(fake_server.url, [5, 6, 7])
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["token_ids"] == expected([5, 6, 7], 5)
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    r = _complete(fake_server.url, [[1, 2], [9], [4, 4, 4]], max_tokens=3)
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert [c["token_ids"] for c in body["choices"]] == [expected(p, 3) for p in ([1, 2], [9], [4, 4, 4])]
+    assert body["usage"]["completion_tokens"] == 9 and body["usage"]["prompt_tokens"] == 6
+
+
+def test_engine_is_only_touched_by_one_thread(fake_server):
+    _complete(fake_server.url, [1])
+    assert len(fake_server.engine.thread_ids) == 1
+    assert threading.get_ident() not in fake_server.engine.thread_ids
+
+
+def test_text_prompt_without_tokenizer_is_400(fake_server):
+    r = _complete(fake_server.url, "hello")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = httpx.post(fake_server.url + "/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_engine_value_error_is_400(fake_server):
+    r = _complete(fake_server.url, [1, 2, 1000])
+    assert r.status_code == 400
+    assert "out of range" in r.json()["error"]["message"]
+
+
+def test_step_failure_fails_inflight_requests_and_server_keeps_serving(fake_server):
+    async def run():
+        async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as c:
+            ok = c.post("/v1/completions", json={"prompt": [3], "max_tokens": 100, "return_token_ids": True})
+            bad = c.post("/v1/completions", json={"prompt": [STEP_FAILS], "max_tokens": 5})
+            return await asyncio.gather(ok, bad)
+    ok, bad = asyncio.run(run())
+    # Both were in the batch when step() raised: both fail with a 500, neither hangs.
+    assert bad.status_code == 500 and bad.json()["error"]["type"] == "server_error"
+    assert ok.status_code in (200, 500)
+    assert httpx.get(fake_server.url + "/health").status_code == 200
+    r = _complete(fake_server.url, [5, 6, 7])
+    assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == expected([5, 6, 7], 5)
+
+
+def test_streamed_step_failure_ends_with_error_event(fake_server):
+    with httpx.stream("POST", fake_server.url + "/v1/completions",
+                      json={"prompt": [STEP_FAILS], "max_tokens": 5, "stream": True}, timeout=30) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["type"] == "server_error"
+
+
+def test_one_failing_request_does_not_affect_others(fake_server):
+    async def run():
+        async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as c:
+            reqs = [c.post("/v1/completions", json={"prompt": [REQUEST_FAILS], "max_tokens": 5})]
+            reqs += [c.post("/v1/completions", json={"prompt": [i], "max_tokens": 20, "return_token_ids": True})
+                     for i in range(1, 5)]
+            return await asyncio.gather(*reqs)
+    bad, *good = asyncio.run(run())
+    assert bad.status_code == 500
+    for i, r in enumerate(good, start=1):
+        assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == expected([i], 20)
+
+
+def test_add_crash_is_500_not_fatal(fake_server):
+    r = _complete(fake_server.url, [ADD_CRASHES])
+    assert r.status_code == 500 and "internal error" in r.json()["error"]["message"]
+    assert _complete(fake_server.url, [1]).status_code == 200
+
+
+def test_batch_with_one_bad_prompt_adds_nothing(fake_server):
+    before = fake_server.engine.generation_tokens
+    r = _complete(fake_server.url, [[1, 2], [1, 2000]], max_tokens=50)
+    assert r.status_code == 400
+    time.sleep(0.2)
+    assert fake_server.engine.generation_tokens - before < 50  # the good one was aborted at once
+    assert not fake_server.engine.reqs
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_disconnect_aborts_request(fake_server, stream):
+    engine = fake_server.engine
+    n_aborted = len(engine.aborted)
+    # 120 tokens at >= 2 ms a step take >= 0.24 s; the client gives up after 0.05 s.
+    with pytest.raises(httpx.ReadTimeout):
+        with httpx.stream("POST", fake_server.url + "/v1/completions",
+                          json={"prompt": [1], "max_tokens": 120, "stream": stream}, timeout=0.05) as r:
+            for _ in r.iter_lines():
+                time.sleep(0.1)
+    deadline = time.time() + 5
+    while (engine.reqs or len(engine.aborted) == n_aborted) and time.time() < deadline:
+        time.sleep(0.02)
+    assert not engine.reqs
+    assert len(engine.aborted) == n_aborted + 1
+
+
+def test_overload_returns_503_with_retry_after(fake_server):
+    async def run():
+        async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as c:
+            return await asyncio.gather(*(c.post("/v1/completions", json={"prompt": [i % 200 + 1], "max_tokens": 60})
+                                          for i in range(100)))
+    rs = asyncio.run(run())
+    codes = [r.status_code for r in rs]
+    assert set(codes) <= {200, 503} and codes.count(503) >= 100 - 64
+    r503 = next(r for r in rs if r.status_code == 503)
+    assert r503.headers["retry-after"] == "1"
+    assert r503.json()["error"]["code"] == "server_overloaded"
+    assert _complete(fake_server.url, [1]).status_code == 200
