@@ -43,6 +43,8 @@ class FakeEngine:
         self.steps = 0
         self.thread_ids: set[int] = set()
         self.aborted: list[str] = []
+        self.gate = threading.Event()  # cleared: step() stalls (to pile up requests)
+        self.gate.set()
 
     def _blocks(self, r) -> int:
         return math.ceil((len(r.prompt) + len(r.out)) / BLOCK)
@@ -69,6 +71,7 @@ class FakeEngine:
     def step(self):
         self.thread_ids.add(threading.get_ident())
         time.sleep(self.step_delay)
+        self.gate.wait()
         self.steps += 1
         if any(r.prompt[0] == STEP_FAILS for r in self.reqs.values()):
             raise RuntimeError("step exploded")
@@ -229,31 +232,57 @@ def test_batch_with_one_bad_prompt_adds_nothing(fake_server):
     assert not fake_server.engine.reqs
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_disconnect_aborts_request(fake_server, stream):
-    engine = fake_server.engine
-    n_aborted = len(engine.aborted)
-    # 120 tokens at >= 2 ms a step take >= 0.24 s; the client gives up after 0.05 s.
-    with pytest.raises(httpx.ReadTimeout):
-        with httpx.stream("POST", fake_server.url + "/v1/completions",
-                          json={"prompt": [1], "max_tokens": 120, "stream": stream}, timeout=0.05) as r:
-            for _ in r.iter_lines():
-                time.sleep(0.1)
+def _wait_aborted(engine, n_before: int) -> None:
     deadline = time.time() + 5
-    while (engine.reqs or len(engine.aborted) == n_aborted) and time.time() < deadline:
+    while (engine.reqs or len(engine.aborted) == n_before) and time.time() < deadline:
         time.sleep(0.02)
     assert not engine.reqs
-    assert len(engine.aborted) == n_aborted + 1
+    assert len(engine.aborted) == n_before + 1
+
+
+def test_disconnect_aborts_non_streaming_request(fake_server):
+    engine = fake_server.engine
+    n_before = len(engine.aborted)
+    # 120 tokens at >= 2 ms a step take >= 0.24 s; the client gives up after 0.05 s.
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(fake_server.url + "/v1/completions", json={"prompt": [1], "max_tokens": 120}, timeout=0.05)
+    _wait_aborted(engine, n_before)
+
+
+def test_disconnect_aborts_streaming_request(fake_server):
+    engine = fake_server.engine
+    n_before = len(engine.aborted)
+    with httpx.stream("POST", fake_server.url + "/v1/completions",
+                      json={"prompt": [1], "max_tokens": 120, "stream": True}, timeout=10) as r:
+        lines = r.iter_lines()
+        next(lines)
+        next(lines)
+    _wait_aborted(engine, n_before)
 
 
 def test_overload_returns_503_with_retry_after(fake_server):
+    engine = fake_server.engine
+    limit = 64
+
     async def run():
-        async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as c:
-            return await asyncio.gather(*(c.post("/v1/completions", json={"prompt": [i % 200 + 1], "max_tokens": 60})
-                                          for i in range(100)))
-    rs = asyncio.run(run())
+        async with httpx.AsyncClient(base_url=fake_server.url, timeout=30,
+                                     limits=httpx.Limits(max_connections=200)) as c:
+            engine.gate.clear()  # the engine stalls, so accepted requests pile up
+            try:
+                tasks = [asyncio.create_task(c.post("/v1/completions", json={"prompt": [i + 1], "max_tokens": 4}))
+                         for i in range(limit + 20)]
+                # The 20 over the limit are answered at once, while the engine is still stalled.
+                deadline = time.time() + 20
+                while sum(t.done() for t in tasks) < 20 and time.time() < deadline:
+                    await asyncio.sleep(0.02)
+                rejected_early = sum(t.done() for t in tasks)
+            finally:
+                engine.gate.set()
+            return rejected_early, await asyncio.gather(*tasks)
+    rejected_early, rs = asyncio.run(run())
     codes = [r.status_code for r in rs]
-    assert set(codes) <= {200, 503} and codes.count(503) >= 100 - 64
+    assert rejected_early == 20
+    assert codes.count(503) == 20 and codes.count(200) == limit
     r503 = next(r for r in rs if r.status_code == 503)
     assert r503.headers["retry-after"] == "1"
     assert r503.json()["error"]["code"] == "server_overloaded"

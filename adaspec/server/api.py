@@ -192,10 +192,15 @@ class OpenAIServing:
                            f"limit {s.max_queue_len}); retry later", status=503, type="overloaded_error",
                            code="server_overloaded", headers={"Retry-After": str(s.retry_after_s)})
         arrival = time.monotonic()
-        results = await asyncio.gather(
-            *(self.aengine.add_request(f"{request_id}-{i}", p.prompt_ids, p.params, arrival)
-              for i, p in enumerate(prepared)), return_exceptions=True)
-        streams = [r for r in results if isinstance(r, RequestStream)]
+        # submit() is synchronous, so the in-flight count above cannot be raced by other requests.
+        streams: list[RequestStream] = []
+        try:
+            for i, p in enumerate(prepared):
+                streams.append(self.aengine.submit(f"{request_id}-{i}", p.prompt_ids, p.params, arrival))
+            results = await asyncio.gather(*(self.aengine.accepted(st) for st in streams),
+                                           return_exceptions=True)
+        except EngineError as e:
+            results = [e]
         errors = [r for r in results if not isinstance(r, RequestStream)]
         if not errors:
             return streams

@@ -50,6 +50,7 @@ class RequestStream:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.finished = False
+        self._accepted: concurrent.futures.Future | None = None
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
     def _put(self, item: RequestOutput | BaseException) -> None:
@@ -139,35 +140,44 @@ class AsyncEngine:
         self._streams.clear()
 
     # ----- request API (event loop) -------------------------------------------------------------
-    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                          arrival: float | None = None) -> RequestStream:
-        """Queue a request and wait until the engine has accepted it (between two steps).
-
-        Raises ValueError (bad input, message from the engine), EngineError (internal failure
-        while adding) or RuntimeError if the engine is stopping.
-        """
+    def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+               arrival: float | None = None) -> RequestStream:
+        """Register a request and queue it for the engine, synchronously (so `num_inflight` counts
+        it at once); then await `accepted(stream)`. Raises EngineError if the engine is not running."""
         if not self.is_alive:
             raise EngineError("the engine is not running")
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id!r}")
         stream = RequestStream(request_id, time.monotonic() if arrival is None else arrival)
-        # Registered before the engine sees the request, so its first output always has a home.
-        self._streams[request_id] = stream
-        done: concurrent.futures.Future = concurrent.futures.Future()
+        stream._accepted = concurrent.futures.Future()
         with self._lock:  # pairs with the engine thread's final drain: no add is ever orphaned
             if self._stopped.is_set():
-                self._streams.pop(request_id, None)
                 raise EngineError("the engine is not running")
-            self._commands.put(("add", request_id, prompt, params, done))
+            # Registered before the engine sees the request, so its first output always has a home.
+            self._streams[request_id] = stream
+            self._commands.put(("add", request_id, prompt, params, stream._accepted))
+        return stream
+
+    async def accepted(self, stream: RequestStream) -> RequestStream:
+        """Wait until the engine has taken the request (between two steps).
+
+        Raises the engine's ValueError (bad input) or EngineError (internal failure while adding).
+        """
         try:
-            await asyncio.wrap_future(done)
+            await asyncio.wrap_future(stream._accepted)
         except BaseException:
             # Includes cancellation (client gone while waiting): the abort is a no-op if the
             # engine rejected the request, and releases it if it had been accepted.
-            self._streams.pop(request_id, None)
-            self._commands.put(("abort", request_id))
+            self._streams.pop(stream.request_id, None)
+            stream.finished = True
+            self._commands.put(("abort", stream.request_id))
             raise
         return stream
+
+    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                          arrival: float | None = None) -> RequestStream:
+        """`submit` then `accepted`: the stream of an accepted request."""
+        return await self.accepted(self.submit(request_id, prompt, params, arrival))
 
     def abort(self, request_id: str) -> None:
         """Drop a request (client went away). Idempotent; its KV is freed before the next step."""
