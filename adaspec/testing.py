@@ -159,3 +159,22 @@ def make_eagle3_head(path: str | os.PathLike, target_dir: str | os.PathLike, *, 
             state_dict["embed_tokens.weight"] = rnd(V, H)
     save_file({k: v.contiguous() for k, v in state_dict.items()}, str(path / "model.safetensors"))
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m adaspec.testing DIR`: write a tiny demo target (with tokenizer) to DIR/target
+    and an EAGLE-3 head for it to DIR/draft, for trying the server on any machine."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m adaspec.testing", description=main.__doc__)
+    p.add_argument("dir")
+    p.add_argument("--arch", default="llama", choices=sorted(ARCH_CONFIGS))
+    a = p.parse_args(argv)
+    target = make_tiny_model(Path(a.dir) / "target", a.arch, tokenizer=True)
+    draft = make_eagle3_head(Path(a.dir) / "draft", target)
+    print(f"target: {target}\ndraft:  {draft}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

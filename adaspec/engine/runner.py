@@ -221,6 +221,5 @@ class ModelRunner:
                                  kv_start=[1], cache_index=self._tensor(dpos), block_tables=self._tensor([[0]]),
                                  custom_masks=[None], positions=self._tensor(dpos))
         self.draft.write_kv(h, self._tensor(next_tok), meta, self.draft_cache, self.backend)
-        for i, s in enumerate(sched):
-            if s.samples:
-                s.req.draft_hidden = h[last_row[i]].clone()
+        for i, s in enumerate(sched):  # the next draft step starts from the last pair
+            s.req.draft_hidden = h[last_row[i]].clone()

@@ -36,6 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -44,7 +45,8 @@ from adaspec.sampling import SamplingParams
 from adaspec.server.async_engine import AsyncEngine, EngineError, RequestStream
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.prompts import encode_chat, encode_text, has_chat_template
-from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from adaspec.server.protocol import (APIError, ChatCompletionRequest, ChatMessage, CompletionRequest,
+                                     StreamOptions, TextPart)
 
 logger = logging.getLogger("adaspec.server")
 
@@ -417,16 +419,33 @@ class OpenAIServing:
         }
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    if not errors:
-        return "invalid request", None
-    e = errors[0]
-    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
-    if e.get("type") == "json_invalid":
-        return f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None
-    param = ".".join(loc) or None
-    return (f"{param}: {e.get('msg')}" if param else str(e.get("msg"))), param
+_FIELD_NAMES = {name for model in (CompletionRequest, ChatCompletionRequest, ChatMessage, TextPart, StreamOptions)
+                for name in model.model_fields}
+
+
+def _error_path(loc) -> str:
+    """Dotted field path of a pydantic error, without pydantic's union-member tags ('int', 'list[str]')."""
+    return ".".join(str(x) for x in loc if isinstance(x, int) or x in _FIELD_NAMES)
+
+
+def parse_body(raw_body: bytes, model: type[BaseModel]) -> BaseModel:
+    """Parse and validate a JSON body; any problem is a 400 naming the offending field."""
+    try:
+        data = json.loads(raw_body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise APIError(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise APIError("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        errors = e.errors()
+        path = _error_path(errors[0]["loc"])
+        # A union field fails once per member type; say it once, with every expectation.
+        msgs = list(dict.fromkeys(err["msg"] for err in errors if _error_path(err["loc"]) == path))
+        if errors[0]["type"] == "missing":
+            msgs = ["field required"]
+        raise APIError(f"{path or 'body'}: {'; or '.join(msgs)}", param=path or None) from None
 
 
 def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
@@ -462,8 +481,11 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
-        message, param = _validation_message(exc)
-        return error_response(APIError(message, param=param), "invalid_request_error")
+        # Bodies are parsed by `parse_body`; this covers anything FastAPI validates itself.
+        errors = exc.errors()
+        path = _error_path(errors[0]["loc"]) if errors else ""
+        message = f"{path}: {errors[0]['msg']}" if errors else "invalid request"
+        return error_response(APIError(message, param=path or None), "invalid_request_error")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
@@ -476,13 +498,15 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
         return error_response(APIError(f"internal server error: {type(exc).__name__}", status=500,
                                        type="server_error"), "internal_error")
 
+    # Bodies are read and validated by hand (not as FastAPI body parameters) so that any
+    # content type is accepted and every validation failure becomes an OpenAI-style 400.
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, raw: Request):
-        return await serving.completions(body, raw)
+    async def completions(raw: Request):
+        return await serving.completions(parse_body(await raw.body(), CompletionRequest), raw)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, raw: Request):
-        return await serving.chat(body, raw)
+    async def chat_completions(raw: Request):
+        return await serving.chat(parse_body(await raw.body(), ChatCompletionRequest), raw)
 
     @app.get("/v1/models")
     async def models():

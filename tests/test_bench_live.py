@@ -1,0 +1,159 @@
+"""Live tests of `adaspec bench` / `adaspec compare` against the real adaspec server on a tiny
+random CPU model. Skipped only when the server module cannot be imported."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("adaspec.server.cli") is None:
+    pytest.skip("adaspec.server.cli is not available", allow_module_level=True)
+
+from adaspec.bench import cli as bench_cli
+from adaspec.bench.server import ServerProcess, free_port
+from adaspec.testing import make_eagle3_head, make_tiny_model
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CPU = ["--device", "cpu", "--dtype", "float32"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench_live")
+    model = make_tiny_model(root / "tiny", "llama", tokenizer=True)
+    head = make_eagle3_head(root / "head", model)
+    return str(model), str(head)
+
+
+def _serve(args: list[str], log: Path) -> ServerProcess:
+    port = free_port()
+    cmd = [sys.executable, "-m", "adaspec.cli", "serve", *args, "--host", "127.0.0.1",
+           "--port", str(port), "--log-level", "warning"]
+    return ServerProcess(cmd, f"http://127.0.0.1:{port}", log, startup_timeout=180, stop_grace=20)
+
+
+def _check_level(lv: dict, n: int) -> None:
+    assert lv["completed"] == n and lv["failed"] == 0
+    assert lv["total_output_tokens"] > 0
+    assert lv["output_throughput"] == pytest.approx(lv["total_output_tokens"] / lv["duration"])
+    assert lv["request_throughput"] == pytest.approx(n / lv["duration"])
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        assert 0 < lv[f"median_{m}_ms"] <= lv[f"p99_{m}_ms"], m
+        assert lv[f"mean_{m}_ms"] > 0
+    assert lv["mean_ttft_ms"] < lv["mean_e2el_ms"]
+
+
+def test_bench_two_levels_against_real_server(tiny, tmp_path, capsys):
+    model, head = tiny
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i, "turns": [t, "again"]}) + "\n" for i, t in enumerate(
+        ["Write a haiku about the sea.", "def add(a, b):", "Explain speculative decoding.",
+         "Hello world! How are you today?", "List three prime numbers."])))
+    with _serve(["--model", model, "--draft", head, "--speculation", "always", *CPU],
+                tmp_path / "server.log") as server:
+        out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+        rc = bench_cli.bench_main(["--url", server.base_url, "--concurrency", "1,4", "--num-prompts", "8",
+                                   "--input-len", "24", "--output-len", "24", "--tokenizer", model,
+                                   "--result-json", str(out_json), "--plot", str(out_png),
+                                   "--disable-tqdm"])
+        assert rc == 0
+        res = json.loads(out_json.read_text())
+        assert res["model"] and res["simulated_acceptance"] is None
+        assert [lv["concurrency"] for lv in res["levels"]] == [1, 4]
+        for lv in res["levels"]:
+            _check_level(lv, 8)
+            assert lv["total_output_tokens"] == 8 * 24             # ignore_eos + max_tokens
+            assert lv["total_input_tokens"] == 8 * 24              # usage.prompt_tokens of random ids
+            assert lv["spec_metrics_source"] == "adaspec" and lv["spec_verify_steps"] > 0
+            assert lv["acceptance_length"] >= 1.0
+            assert len(lv["per_position_acceptance_rate"]) == 3    # default chain of 3 drafts
+        assert out_png.read_bytes()[:8] == PNG_MAGIC
+        # a jsonl dataset through the chat endpoint
+        rc = bench_cli.bench_main(["--url", server.base_url, "--endpoint", "chat", "--dataset", str(questions),
+                                   "--concurrency", "2", "--num-prompts", "5", "--output-len", "8",
+                                   "--num-warmup", "1", "--result-json", str(tmp_path / "chat.json"),
+                                   "--disable-tqdm"])
+        assert rc == 0
+        lv = json.loads((tmp_path / "chat.json").read_text())["levels"][0]
+        _check_level(lv, 5)
+        assert lv["total_output_tokens"] == 5 * 8
+    table = capsys.readouterr().out
+    assert "out tok/s" in table and "SIMULATED" not in table
+
+
+def test_compare_off_always(tiny, tmp_path, capsys):
+    model, head = tiny
+    out = tmp_path / "cmp"
+    rc = bench_cli.compare_main(["--model", model, "--draft", head, "--configs", "off,always", *CPU,
+                                 "--concurrency", "1,2", "--num-prompts", "4", "--input-len", "16",
+                                 "--output-len", "16", "--num-warmup", "1", "--out-dir", str(out),
+                                 "--disable-tqdm", "--server-timeout", "180"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "off tok/s" in text and "always tok/s" in text and "always/best" in text
+    res = json.loads((out / "compare.json").read_text())
+    assert list(res["configs"]) == ["off", "always"] and res["simulated_acceptance"] is None
+    for name, run in res["configs"].items():
+        assert run["error"] is None, run["error"]
+        assert ("--draft" in run["server_command"]) == (name == "always")
+        assert [lv["concurrency"] for lv in run["levels"]] == [1, 2]
+        for lv in run["levels"]:
+            _check_level(lv, 4)
+    assert res["configs"]["off"]["levels"][0]["acceptance_length"] is None      # no verify steps
+    assert res["configs"]["always"]["levels"][0]["acceptance_length"] >= 1.0
+    assert len(res["comparison"]) == 2
+    for row in res["comparison"]:
+        assert row["best"] in ("off", "always")
+        assert row["ratio_to_best"][row["best"]] == 1.0
+        assert all(0 < r <= 1.0 for r in row["ratio_to_best"].values())
+    assert (out / "compare.png").read_bytes()[:8] == PNG_MAGIC
+    assert (out / "server-off.log").exists() and (out / "server-always.log").exists()
+
+
+def chain_acceptance_moments(a: float, k: int) -> tuple[float, float]:
+    """Mean and variance of the accepted count X of one verify step of a k-token chain when
+    each draft token is accepted with probability `a` until the first rejection:
+    P(X = j) = a^j (1 - a) for j < k, P(X = k) = a^k; E[X] = a (1 - a^k) / (1 - a)."""
+    probs = [a ** j * (1 - a) for j in range(k)] + [a ** k]
+    mean = sum(j * p for j, p in enumerate(probs))
+    var = sum(j * j * p for j, p in enumerate(probs)) - mean ** 2
+    return mean, var
+
+
+def test_simulated_acceptance_length(tiny, tmp_path, capsys):
+    model, head = tiny
+    A, k = 0.7, 3
+    out = tmp_path / "sim"
+    rc = bench_cli.compare_main(["--model", model, "--draft", head, "--configs", "always",
+                                 "--load-format", "dummy", "--spec-simulate-accept-rate", str(A),
+                                 "--num-steps", str(k), "--topk", "1", *CPU,
+                                 "--concurrency", "8", "--num-prompts", "16", "--input-len", "16",
+                                 "--output-len", "96", "--num-warmup", "1", "--out-dir", str(out),
+                                 "--disable-tqdm", "--server-timeout", "180"])
+    assert rc == 0
+    assert "SIMULATED ACCEPTANCE" in capsys.readouterr().out
+    res = json.loads((out / "compare.json").read_text())
+    assert res["simulated_acceptance"] == A and "SIMULATED" in res["simulated_acceptance_note"]
+    run = res["configs"]["always"]
+    assert run["simulated_acceptance"] == A          # also reported by the server's /server_info
+    lv = run["levels"][0]
+    n = lv["spec_verify_steps"]
+    assert n >= 500
+    mean, var = chain_acceptance_moments(A, k)
+    expected = 1 + A * (1 - A ** k) / (1 - A)
+    assert expected == pytest.approx(1 + mean)
+    # Verify steps are independent, so the mean of n of them is ~ Normal(1 + mean, var / n).
+    # A 4-sigma band has a two-sided false-alarm rate of about 6e-5 per run. Chains shortened
+    # near max_tokens draft fewer than k tokens; each missing draft position lowers the
+    # expected total by at most A, which the second term allows for.
+    short = (k * n - lv["spec_draft_tokens"]) / n
+    assert 0 <= short < 0.1
+    tol = 4 * math.sqrt(var / n) + A * short
+    assert abs(lv["acceptance_length"] - expected) <= tol, (lv["acceptance_length"], expected, tol)
+    # Position 0 is accepted with probability A in every step that drafts it (binomial, 4 sigma).
+    rate0 = lv["per_position_acceptance_rate"][0]
+    assert abs(rate0 - A) <= 4 * math.sqrt(A * (1 - A) / n)
