@@ -4,8 +4,8 @@ Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /he
 GET /metrics (Prometheus text), GET /server_info (JSON: configuration and engine stats).
 
 Error contract: every error is {"error": {"message", "type", "param", "code"}}.
-  400 invalid_request_error  malformed JSON, wrong types (pydantic errors, FastAPI's 422 is
-                             remapped), out-of-range sampling values, empty prompt, prompt or
+  400 invalid_request_error  malformed JSON, wrong types (pydantic errors; FastAPI's 422 is
+                             remapped too), out-of-range sampling values, empty prompt, prompt or
                              prompt + max_tokens over the context, n != 1, unsupported fields
   404 invalid_request_error  unknown model (code "model_not_found", as OpenAI answers), unknown route
   503 overloaded_error       more than --max-queue-len requests in flight, or shutting down;
@@ -128,7 +128,10 @@ class OpenAIServing:
             raise APIError(f"the prompt has {len(prompt_ids)} tokens, but the context limit is {limit} "
                            f"tokens and at least one must be left for the completion", param=param,
                            code="context_length_exceeded")
-        max_tokens = req.max_tokens if isinstance(req, CompletionRequest) else req.requested_max_tokens
+        if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+            max_tokens, max_param = req.max_completion_tokens, "max_completion_tokens"
+        else:
+            max_tokens, max_param = req.max_tokens, "max_tokens"
         explicit = max_tokens is not None
         if not explicit:
             max_tokens = min(default_max_tokens, limit - len(prompt_ids))
@@ -142,10 +145,11 @@ class OpenAIServing:
                 seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids or [],
                 ignore_eos=req.ignore_eos, speculate=req.speculate, max_draft_tokens=req.max_draft_tokens)
         except ValueError as e:
-            raise APIError(str(e), param=_param_of(e)) from None
+            param = _param_of(e)
+            raise APIError(str(e), param=max_param if param == "max_tokens" else param) from None
         if explicit and len(prompt_ids) + max_tokens > limit:
             raise APIError(f"this model's maximum context length is {limit} tokens, but {len(prompt_ids)} "
-                           f"prompt tokens + max_tokens={max_tokens} exceed it", param="max_tokens",
+                           f"prompt tokens + {max_param}={max_tokens} exceed it", param=max_param,
                            code="context_length_exceeded")
         return _Prepared(prompt_ids, params)
 

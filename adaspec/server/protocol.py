@@ -144,7 +144,3 @@ class ChatCompletionRequest(_SamplingFields):
         if self.response_format and self.response_format.get("type", "text") != "text":
             return "response_format", "only response_format {'type': 'text'} is supported"
         return self._common_unsupported()
-
-    @property
-    def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

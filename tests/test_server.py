@@ -1,0 +1,407 @@
+"""The server end to end: a real `python -m adaspec.cli serve` process on 127.0.0.1 with a tiny
+Llama (byte-level BPE tokenizer, chat template) and a random EAGLE-3 head, on CPU.
+
+One module-scoped server (speculation always) carries most tests; a second one, without a draft
+and with --max-queue-len 2, covers overload and SIGTERM.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from adaspec.testing import make_eagle3_head, make_tiny_model
+
+MODEL_NAME = "tiny-llama"
+PROMPT = "The quick brown fox"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, args: list[str]):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would block the server
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "adaspec.cli", "serve", *args, "--host", "127.0.0.1", "--port", str(self.port),
+             "--device", "cpu", "--dtype", "float32", "--served-model-name", MODEL_NAME],
+            cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("server did not become healthy")
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM (if still running), wait, and return (exit status, everything it printed)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.proc.returncode, self.output()
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server_models")
+    model = make_tiny_model(root / "model", "llama", tokenizer=True)
+    head = make_eagle3_head(root / "head", model)
+    return str(model), str(head)
+
+
+@pytest.fixture(scope="module")
+def server(dirs):
+    model, head = dirs
+    srv = ServerProcess(["--model", model, "--draft", head, "--speculation", "always",
+                         "--num-kv-blocks", "512", "--max-model-len", "512"])
+    yield srv
+    code, out = srv.stop()
+    assert code == 0, out
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(dirs):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(dirs[0])
+
+
+def metrics(url: str) -> dict[str, float]:
+    """{sample name with labels: value} of one /metrics scrape, parsed by prometheus_client."""
+    text = httpx.get(url + "/metrics").text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def server_stats(url: str) -> dict:
+    return httpx.get(url + "/server_info").json()["stats"]
+
+
+def wait_for(cond, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# ----- happy paths -------------------------------------------------------------------------------------
+def test_startup_line_models_and_health(server, client):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    assert [m.id for m in client.models.list().data] == [MODEL_NAME]
+
+
+def test_completion_stream_equals_non_stream(client, tokenizer):
+    kw = dict(model=MODEL_NAME, prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(**kw)
+    assert full.choices[0].finish_reason == "length"
+    n_prompt = len(tokenizer.encode(PROMPT))
+    assert (full.usage.prompt_tokens, full.usage.completion_tokens, full.usage.total_tokens) == (n_prompt, 24, n_prompt + 24)
+
+    chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == full.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+    assert chunks[-1].usage.prompt_tokens == n_prompt
+
+
+def test_chat_stream_equals_non_stream(client, tokenizer):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world!"}]
+    kw = dict(model=MODEL_NAME, messages=messages, max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(**kw)
+    assert full.choices[0].message.role == "assistant"
+    assert full.choices[0].finish_reason == "length"
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    n_prompt = len(tokenizer.encode(rendered, add_special_tokens=False))
+    assert (full.usage.prompt_tokens, full.usage.completion_tokens) == (n_prompt, 16)
+
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert chunks[-1].usage.total_tokens == n_prompt + 16
+
+
+def test_default_max_tokens_and_eos(client):
+    # Completions default to 16 tokens (OpenAI's legacy default); a natural stop is "stop".
+    r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, temperature=0)
+    assert r.usage.completion_tokens <= 16
+    assert r.choices[0].finish_reason == ("length" if r.usage.completion_tokens == 16 else "stop")
+
+
+@pytest.mark.parametrize("prompts", [["Hello", "def add", PROMPT], [[5, 6, 7], [40, 41]]])
+def test_several_prompts_are_several_choices(server, prompts):
+    body = {"model": MODEL_NAME, "prompt": prompts, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    assert [c["index"] for c in r["choices"]] == list(range(len(prompts)))
+    assert r["usage"]["completion_tokens"] == 6 * len(prompts)
+    for i, p in enumerate(prompts):
+        one = httpx.post(server.url + "/v1/completions", json={**body, "prompt": p}, timeout=60).json()
+        assert one["choices"][0]["token_ids"] == r["choices"][i]["token_ids"]
+        assert one["choices"][0]["text"] == r["choices"][i]["text"]
+
+
+def test_32_concurrent_streams_match_sequential(server):
+    prompts = [f"{PROMPT} {i}" for i in range(32)]
+    kw = dict(model=MODEL_NAME, max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    sync = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    sequential = [sync.completions.create(prompt=p, **kw).choices[0].text for p in prompts]
+
+    async def run():
+        aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+        async def one(p):
+            text = ""
+            async for c in await aclient.completions.create(prompt=p, stream=True, **kw):
+                text += c.choices[0].text
+            return text
+        return await asyncio.gather(*(one(p) for p in prompts))
+    assert asyncio.run(run()) == sequential
+
+
+def test_per_request_speculation_opt_out_is_lossless(server):
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    before = metrics(server.url)["adaspec_spec_verify_steps_total"]
+    plain = httpx.post(server.url + "/v1/completions", json={**body, "speculate": False}, timeout=60).json()
+    assert metrics(server.url)["adaspec_spec_verify_steps_total"] == before
+    spec = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    capped = httpx.post(server.url + "/v1/completions", json={**body, "max_draft_tokens": 1}, timeout=60).json()
+    assert plain["choices"][0]["token_ids"] == spec["choices"][0]["token_ids"] == capped["choices"][0]["token_ids"]
+
+
+# ----- disconnects, metrics, info ---------------------------------------------------------------------
+def test_client_disconnect_aborts_and_frees_kv(server):
+    total = server_stats(server.url)["num_total_blocks"]
+    wait_for(lambda: server_stats(server.url)["num_free_blocks"] == total, what="an idle cache")
+    aborted_before = metrics(server.url).get('adaspec_request_success_total{finish_reason="abort"}', 0.0)
+    gen_before = metrics(server.url)["adaspec_generation_tokens_total"]
+    body = {"model": MODEL_NAME, "prompt": "x" * 200, "max_tokens": 300, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+        next(lines)
+        assert server_stats(server.url)["num_free_blocks"] < total  # the request holds KV now
+    wait_for(lambda: server_stats(server.url)["num_free_blocks"] == total, what="KV to be released")
+    m = metrics(server.url)
+    assert m['adaspec_request_success_total{finish_reason="abort"}'] == aborted_before + 1
+    assert m["adaspec_generation_tokens_total"] - gen_before < 300
+    assert server_stats(server.url)["num_running"] == 0
+
+
+def test_metrics_move_with_a_request(server):
+    before = metrics(server.url)
+    for name in ("adaspec_spec_verify_steps_total", "adaspec_spec_draft_tokens_total",
+                 "adaspec_spec_accepted_tokens_total", "adaspec_spec_steps_total", "adaspec_nonspec_steps_total",
+                 'adaspec_spec_accepted_per_position_total{position="0"}',
+                 'adaspec_spec_drafted_per_position_total{position="0"}',
+                 'adaspec_spec_draft_len_steps_total{draft_len="3"}', "adaspec_spec_draft_len",
+                 "adaspec_spec_accept_length", "adaspec_num_requests_waiting", "adaspec_num_requests_running",
+                 "adaspec_kv_free_blocks", "adaspec_kv_total_blocks", "adaspec_prompt_tokens_total"):
+        assert name in before, name
+    r = httpx.post(server.url + "/v1/completions", json={"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 20,
+                                                         "temperature": 0, "ignore_eos": True}, timeout=60).json()
+    after = metrics(server.url)
+
+    def delta(name):
+        return after.get(name, 0.0) - before.get(name, 0.0)
+    assert delta("adaspec_generation_tokens_total") == r["usage"]["completion_tokens"] == 20
+    assert delta("adaspec_prompt_tokens_total") == r["usage"]["prompt_tokens"]
+    assert delta('adaspec_request_success_total{finish_reason="length"}') == 1
+    assert delta("adaspec_spec_verify_steps_total") > 0
+    assert delta("adaspec_spec_draft_tokens_total") >= delta("adaspec_spec_verify_steps_total")
+    assert delta("adaspec_time_to_first_token_seconds_count") == 1
+    assert delta("adaspec_e2e_request_latency_seconds_count") == 1
+    assert delta("adaspec_inter_token_latency_seconds_count") == 19
+    assert after["adaspec_spec_draft_len"] in (0.0, 1.0, 2.0, 3.0)
+
+
+def test_server_info(server, dirs):
+    info = httpx.get(server.url + "/server_info").json()
+    cfg = info["config"]
+    assert cfg["model"] == MODEL_NAME and cfg["model_path"] == dirs[0] and cfg["draft"] == dirs[1]
+    assert (cfg["policy"], cfg["num_steps"], cfg["topk"], cfg["num_draft_tokens"]) == ("always", 3, 1, 4)
+    assert cfg["spec_simulate_accept_rate"] is None and cfg["spec_disable_batch_size"] is None
+    assert cfg["max_model_len"] == 512 and cfg["kv_capacity_tokens"] == 512 * 16
+    stats = info["stats"]
+    assert stats["num_total_blocks"] == 512 and 0 < stats["num_free_blocks"] <= 512
+    assert stats["avg_accept_length"] >= 1.0 and stats["verify_steps"] > 0
+
+
+# ----- bad input ----------------------------------------------------------------------------------------
+LONG = list(range(3, 3 + 600))
+BAD_REQUESTS = [
+    ("completions", b"{not json", 400, None),
+    ("completions", b"[1, 2]", 400, None),
+    ("completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+    ("completions", {"prompt": 5}, 400, "prompt"),
+    ("completions", {}, 400, "prompt"),
+    ("completions", {"prompt": "hi", "max_tokens": "5"}, 400, "max_tokens"),
+    ("completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("completions", {"prompt": "hi", "stop": 3}, 400, "stop"),
+    ("completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+    ("completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+    ("completions", {"prompt": "hi", "top_k": -2}, 400, "top_k"),
+    ("completions", {"prompt": "hi", "min_p": 2}, 400, "min_p"),
+    ("completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("completions", {"prompt": "hi", "max_draft_tokens": -1}, 400, "max_draft_tokens"),
+    ("completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
+    ("completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("completions", {"prompt": "hi", "logprobs": 3}, 400, "logprobs"),
+    ("completions", {"prompt": "hi", "echo": True}, 400, "echo"),
+    ("completions", {"prompt": ""}, 400, "prompt"),
+    ("completions", {"prompt": []}, 400, "prompt"),
+    ("completions", {"prompt": ["ok", ""]}, 400, "prompt"),
+    ("completions", {"prompt": [1, 100000]}, 400, "prompt"),
+    ("completions", {"prompt": [1, -1]}, 400, "prompt"),
+    ("completions", {"prompt": ["mixed", [1, 2]]}, 400, "prompt"),
+    ("completions", {"prompt": LONG}, 400, "prompt"),
+    ("completions", {"prompt": "hi", "max_tokens": 600}, 400, "max_tokens"),
+    ("chat/completions", {"messages": []}, 400, "messages"),
+    ("chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages.0.content"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "n"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10000},
+     400, "max_completion_tokens"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True, "temperature": -3},
+     400, "temperature"),
+    ("chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+]
+
+
+@pytest.mark.parametrize("endpoint,body,status,param", BAD_REQUESTS,
+                         ids=[f"{i}-{e}-{p}" for i, (e, _, _, p) in enumerate(BAD_REQUESTS)])
+def test_bad_input_is_4xx_with_openai_error(server, endpoint, body, status, param):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(f"{server.url}/v1/{endpoint}", timeout=30, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["type"] == "invalid_request_error"
+    assert err["param"] == param, err
+    if status == 404:
+        assert err["code"] == "model_not_found"
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_openai_client_sees_bad_request(client):
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL_NAME, prompt="hi", temperature=-1)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_unknown_route_and_method(server):
+    r = httpx.get(server.url + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    r = httpx.get(server.url + "/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+# ----- generate from the shell ------------------------------------------------------------------------
+def test_generate_cli_matches_server(server, dirs):
+    model, head = dirs
+    out = subprocess.run(
+        [sys.executable, "-m", "adaspec.cli", "generate", "--model", model, "--draft", head, "--prompt", PROMPT,
+         "--max-tokens", "10", "--ignore-eos", "--device", "cpu", "--dtype", "float32", "--num-kv-blocks", "64"],
+        cwd=REPO, capture_output=True, timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"})
+    stderr = out.stderr.decode()
+    assert out.returncode == 0, stderr
+    assert "acceptance length" in stderr and "10 generated" in stderr
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 10, "temperature": 0,
+                                                         "ignore_eos": True}, timeout=60).json()
+    # Bytes, not text: the random model may emit a "\r" that universal newlines would rewrite.
+    assert out.stdout == (r["choices"][0]["text"] + "\n").encode()
+
+
+def test_generate_cli_bad_input_exits_2(dirs):
+    out = subprocess.run([sys.executable, "-m", "adaspec.cli", "generate", "--model", dirs[0], "--prompt-ids",
+                          "1,2,999999", "--device", "cpu", "--num-kv-blocks", "64"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "out of range" in out.stderr
+
+
+# ----- overload and shutdown (a second, deliberately tiny server) -----------------------------------
+def test_overload_then_sigterm_exits_0(dirs):
+    srv = ServerProcess(["--model", dirs[0], "--max-queue-len", "2", "--shutdown-timeout", "3",
+                         "--num-kv-blocks", "128"])
+    try:
+        long = {"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+
+        async def burst():
+            async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
+                held = [asyncio.create_task(c.post("/v1/completions", json=long)) for _ in range(2)]
+                await asyncio.sleep(0.3)
+                t0 = time.monotonic()
+                rejected = await asyncio.gather(*(c.post("/v1/completions", json={"prompt": "hi"}) for _ in range(8)))
+                burst_s = time.monotonic() - t0
+                return burst_s, rejected, await asyncio.gather(*held)
+        burst_s, rejected, held = asyncio.run(burst())
+        assert burst_s < 5
+        for r in rejected:
+            assert r.status_code == 503 and r.headers["retry-after"] and r.json()["error"]["code"] == "server_overloaded"
+        assert all(r.status_code == 200 for r in held)
+        assert httpx.get(srv.url + "/health").status_code == 200
+        assert metrics(srv.url)['adaspec_request_rejected_total{reason="server_overloaded"}'] == 8
+
+        # SIGTERM with a stream in flight: it is finished or aborted, and the exit status is 0.
+        with httpx.stream("POST", srv.url + "/v1/completions", json={**long, "stream": True}, timeout=60) as r:
+            lines = r.iter_lines()
+            next(lines)
+            srv.proc.send_signal(signal.SIGTERM)
+            for _ in lines:  # ends (finished or cut at --shutdown-timeout) rather than hanging
+                pass
+        code, out = srv.stop()
+        assert code == 0, out
+        assert sum("adaspec serving" in line for line in out.splitlines()) == 1
+    finally:
+        srv.stop()
