@@ -18,7 +18,7 @@ from adaspec.spec.drafter import Drafter
 from adaspec.spec.tree import DraftTree
 from adaspec.spec.verify import simulate_acceptance, verify_greedy, verify_sampled
 
-CPU_DEFAULT_KV_BYTES = 512 * 2**20
+CPU_DEFAULT_KV_BYTES = 128 * 2**20
 
 
 def resolve_device(name: str) -> torch.device:

@@ -91,10 +91,136 @@ class ThresholdPolicy(SpeculationPolicy):
         return {**super().describe(), "disable_above": self.limit, "resume_at_or_below": self.resume_at}
 
 
+class AutoPolicy(SpeculationPolicy):
+    """Pick the draft depth (0 included) that maximizes expected emitted tokens per second.
+
+    goodput(b, d) = b * tau(d) / T(b, d), where
+      tau(d)  = 1 + sum_{i<d} r_i, r_i the measured rate at which depth i+1 is reached
+                (an EMA over recent verify steps; depths never measured are extrapolated
+                geometrically from the deepest one that was);
+      T(b, d) = measured step time at batch b with depth-d drafts (an EMA per batch-size
+                bucket, warm-started by a start-up profile, interpolated between buckets).
+    Stability: the current choice is kept unless another beats it by `margin`. While off,
+    it probes speculation once every `probe_every` steps, and only when speculation could
+    win at that batch size with perfect acceptance, so acceptance estimates stay current.
+    """
+
+    name = "auto"
+    BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+
+    def __init__(self, cfg: SpecConfig, margin: float = 0.05, ema: float = 0.15, probe_every: int = 100,
+                 prior_rate: float = 0.6):
+        super().__init__(cfg)
+        self.max_depth = self.configured.num_steps
+        self.shapes: list[DraftShape | None] = [None] + [self.configured.capped(d) for d in range(1, self.max_depth + 1)]
+        self.margin, self.ema, self.probe_every = margin, ema, probe_every
+        self.rates: list[float | None] = [None] * self.max_depth  # r_i, None = never measured
+        self.prior_rate = prior_rate
+        self.times: dict[tuple[int, int], float] = {}             # (depth, bucket) -> seconds
+        self.depth = 0
+        self.steps_since_spec = 0
+        self.last_goodputs: dict[int, float] = {}
+
+    # ---- estimates ------------------------------------------------------------------------
+    def bucket(self, b: int) -> int:
+        return min(range(len(self.BUCKETS)), key=lambda i: abs(self.BUCKETS[i] - b))
+
+    def step_time(self, b: int, depth: int) -> float | None:
+        """Estimated seconds of a step of b requests at depth d (None: no data at all)."""
+        pts = sorted((self.BUCKETS[k], t) for (d, k), t in self.times.items() if d == depth)
+        if not pts:
+            return None
+        if len(pts) == 1:
+            return pts[0][1] * max(1.0, b / pts[0][0]) if b > pts[0][0] else pts[0][1]
+        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+            if b <= b1:
+                if b <= b0:
+                    return t0
+                return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
+        (b0, t0), (b1, t1) = pts[-2], pts[-1]
+        return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (b - b1)
+
+    def rate_estimates(self) -> list[float]:
+        out, last, cond = [], 1.0, self.prior_rate
+        for r in self.rates:
+            if r is None:
+                last = last * cond
+            else:
+                cond = r / last if last > 0 else 0.0
+                cond = min(max(cond, 0.0), 1.0)
+                last = r
+            out.append(last)
+        return out
+
+    def tau(self, depth: int) -> float:
+        return 1.0 + sum(self.rate_estimates()[:depth])
+
+    def goodputs(self, b: int) -> dict[int, float]:
+        out, floor = {}, 0.0
+        for d in range(self.max_depth + 1):
+            t = self.step_time(b, d)
+            if t is not None and t > 0:
+                # Deeper drafts do strictly more work: never believe a noisy table that says
+                # they are cheaper than a shallower one.
+                floor = max(floor, t)
+                out[d] = b * self.tau(d) / floor
+        return out
+
+    # ---- decision -------------------------------------------------------------------------
+    def decide(self, batch_size: int) -> DraftShape | None:
+        g = self.goodputs(max(1, batch_size))
+        self.last_goodputs = g
+        if not g:
+            return self.shapes[self.depth]
+        best = max(g, key=g.get)
+        if self.depth not in g or g[best] > g[self.depth] * (1 + self.margin):
+            self.depth = best
+        if self.depth == 0:
+            self.steps_since_spec += 1
+            if self.steps_since_spec >= self.probe_every and self._could_win(batch_size, g):
+                self.steps_since_spec = 0
+                return self.shapes[1]
+        else:
+            self.steps_since_spec = 0
+        return self.shapes[self.depth]
+
+    def _could_win(self, b: int, g: dict[int, float]) -> bool:
+        t0, t1 = self.step_time(b, 0), self.step_time(b, 1)
+        return t0 is not None and t1 is not None and 2.0 / t1 > 1.0 / t0
+
+    def observe(self, fb: StepFeedback) -> None:
+        depth = len(fb.drafted_per_position)
+        if fb.num_prefill_tokens == 0 and fb.batch_size > 0:
+            key = (depth, self.bucket(fb.batch_size))
+            # Normalise to the bucket's batch size, assuming time linear in b nearby.
+            t = fb.step_time
+            old = self.times.get(key)
+            self.times[key] = t if old is None else (1 - self.ema) * old + self.ema * t
+        for i, (a, n) in enumerate(zip(fb.accepted_per_position, fb.drafted_per_position)):
+            if n:
+                r = a / n
+                old = self.rates[i]
+                w = 1 - (1 - self.ema) ** n   # n verify steps' worth of evidence
+                self.rates[i] = r if old is None else (1 - w) * old + w * r
+
+    def describe(self) -> dict:
+        return {**super().describe(), "depth": self.depth,
+                "tau": [round(self.tau(d), 3) for d in range(self.max_depth + 1)],
+                "goodput": {d: round(v, 2) for d, v in self.last_goodputs.items()}}
+
+    # ---- start-up profile -----------------------------------------------------------------
+    def warm_up(self, engine) -> None:
+        if self.cfg.auto_profile:
+            from adaspec.spec.profile import profile_step_times
+            for (b, d), t in profile_step_times(engine, self.shapes).items():
+                self.times[(d, self.bucket(b))] = t
+
+
 POLICIES: dict[str, type[SpeculationPolicy]] = {
     "off": OffPolicy,
     "always": AlwaysPolicy,
     "threshold": ThresholdPolicy,
+    "auto": AutoPolicy,
 }
 
 

@@ -1,0 +1,74 @@
+"""Start-up profile for the `auto` policy: time real decode steps of synthetic requests at a
+few batch sizes and draft depths, so the policy's cost table is not empty at the first
+request. It uses the engine's own scheduler-free pieces (KV manager, runner) and gives every
+block back before returning.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from adaspec.engine.request import Request
+from adaspec.engine.scheduler import ScheduledRequest, StepPlan
+from adaspec.sampling import SamplingParams
+from adaspec.spec.tree import DraftShape
+
+PROFILE_PROMPT_LEN = 64
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_step_times(engine, shapes: list[DraftShape | None], max_batch: int | None = None,
+                       repeats: int = 1) -> dict[tuple[int, int], float]:
+    """{(batch size, depth): seconds} for batch sizes 1, 2, 4, ... up to what the scheduler
+    and the KV cache allow (and `max_batch`)."""
+    runner, kv = engine.runner, engine.kv
+    spec_slots = max((s.spec_slots for s in shapes if s), default=0)
+    per_req = PROFILE_PROMPT_LEN + 1 + spec_slots + 1
+    limit = min(engine.config.scheduler.max_num_seqs, kv.num_free // kv.blocks_for(per_req),
+                max_batch or (256 if runner.device.type == "cuda" else 8))
+    if limit < 1:
+        return {}
+    sizes = []
+    b = 1
+    while b <= limit:
+        sizes.append(b)
+        b *= 2
+    g = torch.Generator().manual_seed(0)
+    vocab = runner.spec.vocab_size
+    params = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True)
+    reqs = []
+    try:
+        for i in range(sizes[-1]):
+            prompt = torch.randint(0, vocab, (PROFILE_PROMPT_LEN,), generator=g).tolist()
+            r = Request(f"__profile{i}", prompt, params, set())
+            assert kv.reserve(r, per_req)
+            reqs.append(r)
+        # Prefill in chunks that respect the step budget, then append one "emitted" token.
+        chunk = max(1, engine.config.scheduler.max_num_batched_tokens // PROFILE_PROMPT_LEN)
+        for k in range(0, len(reqs), chunk):
+            part = reqs[k:k + chunk]
+            runner.execute(StepPlan([ScheduledRequest(r, PROFILE_PROMPT_LEN) for r in part]))
+            for r in part:
+                r.num_computed = PROFILE_PROMPT_LEN
+                r.all_token_ids.append(int(torch.randint(0, vocab, (1,), generator=g)))
+        out = {}
+        for b in sizes:
+            for depth, shape in enumerate(shapes):
+                plan = StepPlan([ScheduledRequest(r, 1, shape) for r in reqs[:b]])
+                best = float("inf")
+                for _ in range(repeats + 1):  # the first run warms caches/kernels
+                    _sync(runner.device)
+                    t0 = time.perf_counter()
+                    runner.execute(plan)      # state is not committed: every run is the same step
+                    _sync(runner.device)
+                    best = min(best, time.perf_counter() - t0)
+                out[(b, depth)] = best
+        return out
+    finally:
+        for r in reqs:
+            kv.free_request(r)
