@@ -157,3 +157,16 @@ def test_simulated_acceptance_length(tiny, tmp_path, capsys):
     # Position 0 is accepted with probability A in every step that drafts it (binomial, 4 sigma).
     rate0 = lv["per_position_acceptance_rate"][0]
     assert abs(rate0 - A) <= 4 * math.sqrt(A * (1 - A) / n)
+
+
+def test_compare_reports_a_server_that_dies(tmp_path, capsys):
+    out = tmp_path / "dead"
+    rc = bench_cli.compare_main(["--model", str(tmp_path / "no-such-model"), "--configs", "off", *CPU,
+                                 "--concurrency", "1", "--num-prompts", "1", "--out-dir", str(out),
+                                 "--disable-tqdm", "--server-timeout", "120"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "exited with code" in err and "no-such-model" in err       # the server's own log tail
+    res = json.loads((out / "compare.json").read_text())
+    assert "exited with code" in res["configs"]["off"]["error"] and res["configs"]["off"]["levels"] == []
+    assert res["comparison"] == []

@@ -151,10 +151,6 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _jsonable_args(a: argparse.Namespace) -> dict:
-    return {k: v for k, v in vars(a).items()}
-
-
 def _completed(run: dict) -> int:
     return sum(lv["completed"] for lv in run.get("levels", []))
 
@@ -178,9 +174,12 @@ def bench_main(argv: Sequence[str]) -> int:
     except BenchError as e:
         print(f"adaspec bench: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("adaspec bench: interrupted", file=sys.stderr)
+        return 130
     label = a.label or run["model"]
     result = {"tool": "adaspec bench", "command": "adaspec bench " + shlex.join(argv),
-              "date": _now(), "config": _jsonable_args(a), "url": a.url, "endpoint": a.endpoint,
+              "date": _now(), "config": dict(vars(a)), "url": a.url, "endpoint": a.endpoint,
               "dataset": dataset.name, "label": label, **run}
     if run["simulated_acceptance"] is not None:
         result["simulated_acceptance_note"] = simulated_banner(run["simulated_acceptance"])
@@ -247,7 +246,10 @@ def server_command(a: argparse.Namespace, policy: str, disable_bs: int | None, p
 
 def compare_main(argv: Sequence[str]) -> int:
     """`adaspec compare`: start the adaspec server once per speculation configuration, sweep
-    each with the same requests and seeds, and compare output throughput level by level."""
+    each with the same requests and seeds, and compare output throughput level by level.
+    --seed seeds both the engine and the prompts; --tokenizer (default: the model dir) also
+    counts text-prompt tokens. A configuration whose server fails to start is recorded with
+    its error and the others still run (exit status 1)."""
     from adaspec.config import add_engine_cli_args
 
     p = argparse.ArgumentParser(prog="adaspec compare", description=compare_main.__doc__)
@@ -282,6 +284,7 @@ def compare_main(argv: Sequence[str]) -> int:
              f"in={a.input_len} out={a.output_len} prompts/level={a.num_prompts}")
     runs: dict[str, dict] = {}
     failures = 0
+    interrupted = False
     for label, policy, disable_bs in configs:
         port = free_port()
         cmd = server_command(a, policy, disable_bs, port, extra)
@@ -304,6 +307,12 @@ def compare_main(argv: Sequence[str]) -> int:
             failures += 1
             print(f"adaspec compare: {label}: error: {e}", file=sys.stderr)
             continue
+        except KeyboardInterrupt:
+            entry["error"] = "interrupted"
+            interrupted = True
+            print(f"adaspec compare: interrupted during {label}; writing what is done",
+                  file=sys.stderr)
+            break
         if entry.get("simulated_acceptance") is None and simulated is not None and policy != "off":
             entry["simulated_acceptance"] = simulated
         print(sweep_table(entry, f"-- {label}"))
@@ -315,10 +324,12 @@ def compare_main(argv: Sequence[str]) -> int:
     print()
     print(compare_table(rows, names, title, simulated))
     result = {"tool": "adaspec compare", "command": "adaspec compare " + shlex.join(argv),
-              "date": _now(), "config": _jsonable_args(a), "dataset": dataset.name,
+              "date": _now(), "config": dict(vars(a)), "dataset": dataset.name,
               "simulated_acceptance": simulated,
               "simulated_acceptance_note": simulated_banner(simulated) or None,
               "configs": runs, "comparison": rows}
     print(f"results: {write_json(out_dir / 'compare.json', result)}")
     print(f"plot:    {plot_runs(out_dir / 'compare.png', runs, title, simulated)}")
+    if interrupted:
+        return 130
     return 1 if failures else 0
