@@ -50,6 +50,8 @@ class RequestStream:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.finished = False
+        self.prompt_token_ids: list[int] = []
+        self.last_output: RequestOutput | None = None
         self._accepted: concurrent.futures.Future | None = None
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
@@ -126,6 +128,30 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="adaspec-engine", daemon=True)
         self._thread.start()
 
+    def drain(self, timeout: float) -> None:
+        """Begin a graceful shutdown; safe to call from a signal handler or any thread.
+
+        New requests are refused at once (`stopping`); requests still in flight after `timeout`
+        seconds are finished with finish_reason "abort", so their clients get a complete response
+        (partial text, usage, [DONE]) instead of a cut connection.
+        """
+        self.stopping = True
+        if self._loop is not None:
+            self._post(self._loop.call_later, timeout, self.abort_all)
+
+    def abort_all(self) -> None:
+        """Finish every in-flight request now with finish_reason "abort" (event loop only)."""
+        for rid in list(self._streams):
+            stream = self._detach(rid)
+            if self.metrics is not None:
+                self.metrics.on_abort(stream)
+            last = stream.last_output
+            stream._put(RequestOutput(
+                request_id=rid, prompt_token_ids=last.prompt_token_ids if last else stream.prompt_token_ids,
+                token_ids=last.token_ids if last else [], text=last.text if last else None,
+                new_token_ids=[], new_text="" if last is None or last.text is not None else None,
+                finished=True, finish_reason="abort", spec=last.spec if last else {}))
+
     async def stop(self, timeout: float = 10.0) -> None:
         """Abort whatever is still in flight, fail its streams, and join the engine thread."""
         self.stopping = True
@@ -149,6 +175,8 @@ class AsyncEngine:
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id!r}")
         stream = RequestStream(request_id, time.monotonic() if arrival is None else arrival)
+        if isinstance(prompt, list):
+            stream.prompt_token_ids = list(prompt)
         stream._accepted = concurrent.futures.Future()
         with self._lock:  # pairs with the engine thread's final drain: no add is ever orphaned
             if self._stopped.is_set():
@@ -181,13 +209,19 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         """Drop a request (client went away). Idempotent; its KV is freed before the next step."""
-        stream = self._streams.pop(request_id, None)
+        stream = self._detach(request_id)
         if stream is None:
             return
         if not stream.finished and self.metrics is not None:
             self.metrics.on_abort(stream)
         stream.finished = True
-        self._commands.put(("abort", request_id))
+
+    def _detach(self, request_id: str) -> RequestStream | None:
+        """Forget a stream and have the engine abort its request."""
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            self._commands.put(("abort", request_id))
+        return stream
 
     # ----- engine thread ------------------------------------------------------------------------
     def _safe_stats(self) -> dict:
@@ -315,6 +349,7 @@ class AsyncEngine:
                 continue
             if self.metrics is not None:
                 self.metrics.on_output(stream, out, now)
+            stream.last_output = out
             if out.new_token_ids:
                 if stream.first_token_time is None:
                     stream.first_token_time = now

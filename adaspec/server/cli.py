@@ -69,6 +69,14 @@ def serve_main(argv: list[str]) -> int:
     block_size = cfg.cache.block_size
 
     class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            # First signal: refuse new requests and, at the deadline, end the in-flight ones with
+            # finish_reason "abort" so every client gets a complete response. uvicorn meanwhile
+            # stops accepting connections and waits for the open ones to finish.
+            if not self.should_exit:
+                app.state.aengine.drain(args.shutdown_timeout)
+            super().handle_exit(sig, frame)
+
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
             if not self.started:
@@ -82,9 +90,11 @@ def serve_main(argv: list[str]) -> int:
 
     # uvicorn's own start/stop chatter stays below the one startup line unless debugging.
     uv_level = "debug" if args.log_level == "debug" else "warning"
+    # uvicorn's own deadline is a backstop (e.g. a client that stopped reading): a few seconds
+    # after ours, it cancels what is still open.
     server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=uv_level,
                                    access_log=args.access_log, lifespan="on",
-                                   timeout_graceful_shutdown=args.shutdown_timeout))
+                                   timeout_graceful_shutdown=args.shutdown_timeout + 5))
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully; with the
     # default handlers that would kill the process (status 143 for SIGTERM). These no-op
     # handlers are what it re-raises into, so a graceful stop exits 0.
