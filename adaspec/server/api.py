@@ -434,9 +434,13 @@ def _error_path(loc) -> str:
 
 def parse_body(raw_body: bytes, model: type[BaseModel]) -> BaseModel:
     """Parse and validate a JSON body; any problem is a 400 naming the offending field."""
+    def reject_constant(name: str):
+        raise ValueError(f"{name} is not a valid JSON number")
+
     try:
-        data = json.loads(raw_body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        # NaN / Infinity are not JSON, and a NaN temperature would pass every range check.
+        data = json.loads(raw_body, parse_constant=reject_constant)
+    except (UnicodeDecodeError, ValueError) as e:
         raise APIError(f"the request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise APIError("the request body must be a JSON object")

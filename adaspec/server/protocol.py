@@ -13,11 +13,15 @@ Contract:
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-Number = Union[StrictInt, StrictFloat]
+# Integers are bounded to what the engine's tensors and generators can hold, so an absurd value is
+# a 400 here rather than an overflow inside a batched step (which would fail other requests too).
+Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)]  # torch.Generator.manual_seed's range
+Number = Union[Int64, StrictFloat]
 
 
 class APIError(Exception):
@@ -49,26 +53,26 @@ class _SamplingFields(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: StrictStr | None = None
-    max_tokens: StrictInt | None = None
+    max_tokens: Int64 | None = None
     temperature: Number | None = None
     top_p: Number | None = None
-    n: StrictInt = 1
+    n: Int64 = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: StrictStr | list[StrictStr] | None = None
-    seed: StrictInt | None = None
+    seed: Seed | None = None
     user: StrictStr | None = None
     # Known OpenAI fields accepted only at their neutral value (see `unsupported`).
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
     logit_bias: dict[str, Any] | None = None
     # adaspec / vLLM extras
-    top_k: StrictInt | None = None
+    top_k: Int64 | None = None
     min_p: Number | None = None
     ignore_eos: StrictBool = False
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: list[Int64] | None = None
     speculate: StrictBool = True
-    max_draft_tokens: StrictInt | None = None
+    max_draft_tokens: Int64 | None = None
     return_token_ids: StrictBool = False
 
     def _common_unsupported(self) -> tuple[str, str] | None:
@@ -85,10 +89,10 @@ class CompletionRequest(_SamplingFields):
     """POST /v1/completions. `prompt` is a string, a list of strings, a list of token ids, or a
     list of token-id lists; each prompt becomes one choice (index = position in the list)."""
 
-    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    prompt: StrictStr | list[StrictStr] | list[Int64] | list[list[Int64]]
     echo: StrictBool = False
-    logprobs: StrictInt | None = None
-    best_of: StrictInt | None = None
+    logprobs: Int64 | None = None
+    best_of: Int64 | None = None
     suffix: StrictStr | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
@@ -128,9 +132,9 @@ class ChatCompletionRequest(_SamplingFields):
     `max_tokens` when both are given."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = None
+    max_completion_tokens: Int64 | None = None
     logprobs: StrictBool | None = None
-    top_logprobs: StrictInt | None = None
+    top_logprobs: Int64 | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
 
