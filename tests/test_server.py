@@ -164,6 +164,20 @@ def test_chat_stream_equals_non_stream(client, tokenizer):
     assert chunks[-1].usage.total_tokens == n_prompt + 16
 
 
+def test_stop_string_stream_equals_non_stream(client):
+    kw = dict(model=MODEL_NAME, prompt=PROMPT, max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+    text = client.completions.create(**kw).choices[0].text
+    stop = next((ch for ch in text[3:] if ch.isascii() and ch.isprintable()), None)
+    if stop is None:
+        pytest.skip("the random model produced no printable ASCII to stop on")
+    full = client.completions.create(**kw, stop=[stop, "\u00e9\u00e9\u00e9"])
+    assert full.choices[0].text == text[:text.index(stop)]
+    assert full.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**kw, stop=[stop, "\u00e9\u00e9\u00e9"],
+                                                                             stream=True))
+    assert streamed == full.choices[0].text
+
+
 def test_default_max_tokens_and_eos(client):
     # Completions default to 16 tokens (OpenAI's legacy default); a natural stop is "stop".
     r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, temperature=0)
@@ -301,6 +315,10 @@ BAD_REQUESTS = [
     ("completions", {"prompt": [1, 100000]}, 400, "prompt"),
     ("completions", {"prompt": [1, -1]}, 400, "prompt"),
     ("completions", {"prompt": ["mixed", [1, 2]]}, 400, "prompt"),
+    ("completions", b'{"prompt": "hi", "temperature": NaN}', 400, None),
+    ("completions", {"prompt": "hi", "seed": 2**64}, 400, "seed"),
+    ("completions", {"prompt": "hi", "top_k": 2**63}, 400, "top_k"),
+    ("completions", {"prompt": "hi", "frequency_penalty": 0.5}, 400, "frequency_penalty"),
     ("completions", {"prompt": LONG}, 400, "prompt"),
     ("completions", {"prompt": "hi", "max_tokens": 600}, 400, "max_tokens"),
     ("chat/completions", {"messages": []}, 400, "messages"),
