@@ -287,3 +287,8 @@ def test_overload_returns_503_with_retry_after(fake_server):
     assert r503.headers["retry-after"] == "1"
     assert r503.json()["error"]["code"] == "server_overloaded"
     assert _complete(fake_server.url, [1]).status_code == 200
+
+
+def test_batch_larger_than_the_queue_limit_is_400_not_503(fake_server):
+    r = _complete(fake_server.url, [[1]] * 65, max_tokens=1)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"

@@ -164,6 +164,9 @@ class OpenAIServing:
             prompts = list(p)
         if not prompts:
             raise APIError("the prompt is empty", param="prompt")
+        if len(prompts) > self.settings.max_queue_len:  # could never be admitted: not a 503
+            raise APIError(f"{len(prompts)} prompts in one request exceed the server's limit of "
+                           f"{self.settings.max_queue_len} requests in flight", param="prompt")
         out = []
         for item in prompts:
             if isinstance(item, str):

@@ -10,8 +10,12 @@ Threading contract (the engine is not thread-safe, so exactly one thread ever to
   * `stats` is a snapshot of `engine.stats()` taken by the engine thread after every step and
     every batch of commands; readers (metrics, /server_info) never call into the engine.
 
+Request life: `submit` registers the stream and queues the add synchronously (so the overload
+check in the API counts it at once); `accepted` waits for the engine to take it; `abort` (client
+gone) drops the stream and frees the request's KV before the next step; `drain` + `stop` shut down.
+
 Failure contract:
-  * `add_request` raises the engine's ValueError (bad input) to the caller, nothing else happens.
+  * `accepted` raises the engine's ValueError (bad input) to the caller; nothing else happens.
   * An output carrying `error`, or an exception while adding, fails only that request: its
     stream raises `EngineError` and the error is logged.
   * If `step()` raises, every in-flight request is aborted and failed with `EngineError`, the
@@ -25,7 +29,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, AsyncIterator
+from typing import Any
 
 from adaspec.engine.request import RequestOutput
 from adaspec.sampling import SamplingParams
@@ -363,12 +367,3 @@ class AsyncEngine:
             stream = self._streams.pop(rid, None)
             if stream is not None:
                 stream._put(exc)
-
-    async def iterate(self, stream: RequestStream) -> AsyncIterator[RequestOutput]:
-        """Iterate a stream and abort its request if the consumer stops early (disconnect)."""
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            if not stream.finished:
-                self.abort(stream.request_id)
