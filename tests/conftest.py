@@ -58,3 +58,14 @@ def assert_matches_reference(got: list[int], ref: list[int], ref_logits: list[to
             assert gap < NEAR_TIE, f"{what}: token {i} is {got[i]}, reference {ref[i]} (top-2 gap {gap:.2e})\n got {got}\n ref {ref}"
             return i
     return n
+
+
+@pytest.fixture(scope="session")
+def trained_head(llama_dir, tmp_path_factory):
+    """An EAGLE-3 head trained for a few hundred steps on the tiny Llama's own greedy
+    continuations: it partly agrees with the target and relies on its KV cache."""
+    from adaspec.spec.train import train_eagle3_head
+
+    out = tmp_path_factory.mktemp("trained") / "head"
+    train_eagle3_head(llama_dir, out, steps=300, seed=0)
+    return str(out)

@@ -1,0 +1,225 @@
+"""EAGLE-3 speculative decoding: losslessness (greedy and sampled), tree and chain drafts,
+KV rollback, checkpoint loading."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from adaspec import LLM, SamplingParams
+from adaspec.spec.tree import DraftTree
+from adaspec.spec.verify import verify_greedy, verify_sampled
+from adaspec.testing import make_eagle3_head, make_tiny_model
+from conftest import assert_matches_reference, hf_greedy
+from test_engine_core import GREEDY, MAX_NEW, prompts_of_lengths
+
+SHAPES = {
+    "chain3": dict(num_steps=3, topk=1),
+    "seed-tree": dict(num_steps=2, topk=4, num_draft_tokens=16),
+    "tree-s3k2n6": dict(num_steps=3, topk=2, num_draft_tokens=6),
+}
+
+
+@pytest.fixture(scope="module")
+def random_head(llama_dir, tmp_path_factory):
+    """A random head with a reduced draft vocabulary (exercises d2t): mostly rejected."""
+    return str(make_eagle3_head(tmp_path_factory.mktemp("head") / "h", llama_dir, draft_vocab_size=160))
+
+
+def check_lossless(model_dir, prompts, outs, what):
+    compared = 0
+    for p, o in zip(prompts, outs):
+        ref, logits = hf_greedy(model_dir, p, MAX_NEW)
+        compared += assert_matches_reference(o.token_ids, ref, logits, what)
+    assert compared > len(prompts) * MAX_NEW // 2
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_greedy_lossless_random_head(llama_dir, random_head, shape):
+    prompts = prompts_of_lengths([7, 2, 33, 18], seed=11)
+    llm = LLM(llama_dir, draft=random_head, speculation="always", device="cpu", dtype="float32",
+              block_size=4, max_num_batched_tokens=16, **SHAPES[shape])
+    outs = llm.generate(prompts, GREEDY)
+    check_lossless(llama_dir, prompts, outs, shape)
+    st = llm.stats()
+    assert st["verify_steps"] > 0 and st["draft_tokens"] > 0
+    assert st["num_free_blocks"] == st["num_total_blocks"]
+
+
+@pytest.mark.parametrize("shape", ["chain3", "seed-tree"])
+def test_greedy_lossless_with_trained_head(llama_dir, trained_head, shape):
+    """Partly-agreeing draft: accepted and rejected paths, prefix hits, chunking, preemption."""
+    shared = prompts_of_lengths([13], seed=12)[0]
+    prompts = [shared + t for t in prompts_of_lengths([3, 9, 1, 6], seed=13)] + prompts_of_lengths([5, 21], seed=14)
+    llm = LLM(llama_dir, draft=trained_head, speculation="always", device="cpu", dtype="float32",
+              block_size=4, max_num_batched_tokens=32, num_kv_blocks=36, **SHAPES[shape])
+    outs = llm.generate(prompts, GREEDY)
+    check_lossless(llama_dir, prompts, outs, shape)
+    st = llm.stats()
+    assert st["num_preemptions"] > 0 and st["prefix_cache_hit_tokens"] > 0
+    assert st["accepted_tokens"] > 0 and st["accepted_tokens"] < st["draft_tokens"]
+    assert st["num_free_blocks"] == st["num_total_blocks"]
+    # Per-request figures add up to the global ones.
+    assert sum(o.spec["verify_steps"] for o in outs) == st["verify_steps"]
+    assert sum(o.spec["accepted_tokens"] for o in outs) == st["accepted_tokens"]
+
+
+def test_acceptance_of_trained_head(llama_dir, trained_head):
+    prompts = prompts_of_lengths([6, 11, 17, 4], seed=15)
+    llm = LLM(llama_dir, draft=trained_head, speculation="always", num_steps=3, topk=1,
+              device="cpu", dtype="float32")
+    llm.generate(prompts, SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True))
+    st = llm.stats()
+    assert 1.3 < st["accept_length"] < 4.0, st
+    rates = st["accept_rate_per_position"]
+    assert len(rates) == 3 and rates[0] >= rates[1] >= rates[2]
+
+
+def test_stops_inside_an_accepted_run(llama_dir, trained_head):
+    """stop ids / max_tokens that fall inside an accepted run cut the output at the right token."""
+    prompts = prompts_of_lengths([6, 11, 17, 4], seed=15)
+    plain = LLM(llama_dir, device="cpu", dtype="float32")
+    spec = LLM(llama_dir, draft=trained_head, speculation="always", num_steps=3, device="cpu", dtype="float32")
+    full = plain.generate(prompts, GREEDY)
+    for o, p in zip(full, prompts):
+        stop = o.token_ids[len(o.token_ids) // 2]
+        for sp in (SamplingParams(max_tokens=MAX_NEW, temperature=0.0, stop_token_ids=[stop]),
+                   SamplingParams(max_tokens=len(o.token_ids) // 2 + 1, temperature=0.0, ignore_eos=True)):
+            a = plain.generate([p], sp)[0]
+            b = spec.generate([p], sp)[0]
+            assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason)
+    assert spec.stats()["accepted_tokens"] > 0
+    assert spec.stats()["num_free_blocks"] == spec.stats()["num_total_blocks"]
+
+
+def test_speculation_off_with_draft_equals_no_draft(llama_dir, random_head):
+    prompts = prompts_of_lengths([9, 3, 14], seed=16)
+    a = LLM(llama_dir, device="cpu", dtype="float32").generate(prompts, GREEDY)
+    llm = LLM(llama_dir, draft=random_head, speculation="off", device="cpu", dtype="float32")
+    b = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert llm.engine.runner.draft is None and llm.stats()["verify_steps"] == 0
+
+
+# ---- sampling is lossless -------------------------------------------------------------------
+
+def chi2_sf(x: float, df: int) -> float:
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
+                                         torch.tensor(x / 2.0, dtype=torch.float64)))
+
+
+def chi2_pvalue(counts: dict, expected: dict, n: int) -> float:
+    """Pearson chi-square, cells with expected count < 5 pooled into one."""
+    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
+    for k, p in expected.items():
+        e = p * n
+        if e < 5:
+            pool_o += counts.get(k, 0)
+            pool_e += e
+        else:
+            obs.append(counts.get(k, 0))
+            exp.append(e)
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
+    return chi2_sf(stat, len(obs) - 1)
+
+
+def test_verify_sampled_follows_target_distribution():
+    """Pure function: root with three children; the emitted first token ~ p[root] and the
+    second (after an accepted child) ~ p[child]. False-alarm rate: 2 tests at p < 1e-3."""
+    torch.manual_seed(0)
+    V = 6
+    probs = torch.softmax(torch.randn(4, V) * 1.5, dim=-1)
+    tree = DraftTree(tokens=[0, 2, 4, 1], parents=[-1, 0, 0, 1], depths=[0, 1, 1, 2])
+    g = torch.Generator().manual_seed(1)
+    n = 20000
+    first, second = {}, {}
+    for _ in range(n):
+        path, bonus = verify_sampled(tree, probs, g)
+        toks = [tree.tokens[j] for j in path] + [bonus]
+        first[toks[0]] = first.get(toks[0], 0) + 1
+        if path and path[0] == 1:
+            second[toks[1]] = second.get(toks[1], 0) + 1
+    assert chi2_pvalue(first, dict(enumerate(probs[0].tolist())), n) > 1e-3
+    m = sum(second.values())
+    assert m > 1000
+    assert chi2_pvalue(second, dict(enumerate(probs[1].tolist())), m) > 1e-3
+    # Greedy verification on one-hot rows accepts exactly the argmax path.
+    assert verify_greedy(tree, [2, 1, 0, 0]) == ([1, 3], 0)
+    assert verify_greedy(tree, [5, 1, 0, 0]) == ([], 5)
+
+
+def test_sampled_speculation_matches_target_distribution(tmp_path):
+    """End to end on a vocabulary of 8: the joint law of the first two generated tokens
+    (the second one produced by a verify step) equals the target's p(t1) p(t2 | t1).
+    False-alarm rate 1e-3."""
+    from transformers import AutoModelForCausalLM
+
+    d = make_tiny_model(tmp_path / "v8", "llama", vocab_size=8, init_std=0.1, eos_token_id=None)
+    head = make_eagle3_head(tmp_path / "h8", d)
+    prompt = [1, 5, 3, 2, 7]
+    temp = 1.3
+    hf = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
+    with torch.no_grad():
+        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1] / temp, -1)
+        p2 = torch.softmax(hf(torch.tensor([[*prompt, t] for t in range(8)])).logits[:, -1] / temp, -1)
+    expected = {(a, b): float(p1[a] * p2[a, b]) for a in range(8) for b in range(8)}
+    llm = LLM(str(d), draft=str(head), speculation="always", num_steps=2, topk=2, num_draft_tokens=4,
+              device="cpu", dtype="float32", seed=7)
+    n = 3000
+    outs = llm.generate([prompt] * n, SamplingParams(max_tokens=3, temperature=temp, ignore_eos=True))
+    counts = {}
+    for o in outs:
+        k = tuple(o.token_ids[:2])
+        counts[k] = counts.get(k, 0) + 1
+    st = llm.stats()
+    assert st["verify_steps"] >= n and 0 < st["accepted_tokens"] < st["draft_tokens"]
+    assert chi2_pvalue(counts, expected, n) > 1e-3
+    # Seeded requests are reproducible under speculation.
+    sp = SamplingParams(max_tokens=12, temperature=temp, seed=5, ignore_eos=True)
+    assert llm.generate([prompt], sp)[0].token_ids == llm.generate([prompt], sp)[0].token_ids
+
+
+# ---- loading --------------------------------------------------------------------------------
+
+def test_specforge_layout_variants_load(llama_dir, tmp_path):
+    """`layers.0.` naming, an own embed_tokens and aux layer ids from the config all load."""
+    from safetensors.torch import load_file, save_file
+
+    h = make_eagle3_head(tmp_path / "h", llama_dir, aux_layer_ids=[0, 1, 2], with_embed=True)
+    sd = load_file(str(h / "model.safetensors"))
+    sd = {k.replace("midlayer.", "layers.0."): v for k, v in sd.items()}
+    save_file(sd, str(h / "model.safetensors"))
+    cfg = json.loads((h / "config.json").read_text())
+    cfg["architectures"] = ["Eagle3LlamaForCausalLM"]
+    (h / "config.json").write_text(json.dumps(cfg))
+    llm = LLM(llama_dir, draft=str(h), speculation="always", device="cpu", dtype="float32")
+    assert llm.engine.runner.draft.aux_layers == (1, 2, 3)
+    assert llm.engine.runner.draft.embed_tokens is not None
+    out = llm.generate(prompts_of_lengths([5], seed=17), GREEDY)[0]
+    ref, logits = hf_greedy(llama_dir, prompts_of_lengths([5], seed=17)[0], MAX_NEW)
+    assert_matches_reference(out.token_ids, ref, logits, "layers.0 head")
+
+
+def test_mismatched_head_is_a_load_error(llama_dir, tmp_path):
+    other = make_tiny_model(tmp_path / "wide", "llama", hidden_size=96, num_heads=4, vocab_size=320)
+    h = make_eagle3_head(tmp_path / "h", other)
+    with pytest.raises(ValueError, match="hidden|shape"):
+        LLM(llama_dir, draft=str(h), speculation="always", device="cpu")
+    h2 = make_eagle3_head(tmp_path / "h2", llama_dir)
+    cfg = json.loads((h2 / "config.json").read_text())
+    cfg["vocab_size"] = 999
+    (h2 / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="vocab_size"):
+        LLM(llama_dir, draft=str(h2), speculation="always", device="cpu")
+    shutil.rmtree(h2)
+    h3 = make_eagle3_head(tmp_path / "h3", llama_dir)
+    cfg = json.loads((h3 / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    (h3 / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="EAGLE-3"):
+        LLM(llama_dir, draft=str(h3), speculation="always", device="cpu")
