@@ -390,7 +390,7 @@ def test_generate_cli_bad_input_exits_2(dirs):
 
 # ----- overload and shutdown (a second, deliberately tiny server) -----------------------------------
 def test_overload_then_sigterm_exits_0(dirs):
-    srv = ServerProcess(["--model", dirs[0], "--max-queue-len", "2", "--shutdown-timeout", "1",
+    srv = ServerProcess(["--model", dirs[0], "--max-queue-len", "2", "--shutdown-timeout", "0.2",
                          "--num-kv-blocks", "128"])
     try:
         long = {"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "temperature": 0}
@@ -411,10 +411,11 @@ def test_overload_then_sigterm_exits_0(dirs):
         assert httpx.get(srv.url + "/health").status_code == 200
         assert metrics(srv.url)['adaspec_request_rejected_total{reason="server_overloaded"}'] == 8
 
-        # SIGTERM with a stream in flight: 400 tokens take longer than --shutdown-timeout 1, so the
+        # SIGTERM with a stream in flight: 490 tokens take longer than --shutdown-timeout 0.2, so the
         # stream is ended at the deadline with finish_reason "abort", usage and [DONE], not cut.
-        body = {**long, "stream": True, "stream_options": {"include_usage": True}}
+        body = {**long, "max_tokens": 490, "stream": True, "stream_options": {"include_usage": True}}
         with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200, r.read()
             lines = r.iter_lines()
             next(lines)
             srv.proc.send_signal(signal.SIGTERM)
@@ -423,7 +424,7 @@ def test_overload_then_sigterm_exits_0(dirs):
         finish = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-2]]
         assert finish[-1] == "abort" and finish.count("abort") == 1
         usage = json.loads(events[-2])["usage"]
-        assert 0 < usage["completion_tokens"] < 400
+        assert 0 < usage["completion_tokens"] < 490
         code, out = srv.stop()
         assert code == 0, out
         assert sum("adaspec serving" in line for line in out.splitlines()) == 1
