@@ -1,0 +1,57 @@
+"""CUDA checks (skipped without a GPU): the same lossless guarantees on the device, and a
+dummy-weight run of a Llama-3.1-8B shape through the whole step loop."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from adaspec import LLM, SamplingParams
+from adaspec.testing import make_eagle3_head, make_tiny_model
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def test_cuda_greedy_lossless_chain_and_tree(tmp_path):
+    d = make_tiny_model(tmp_path / "m", "llama", hidden_size=128, num_heads=8, num_kv_heads=2,
+                        intermediate_size=256)
+    h = make_eagle3_head(tmp_path / "h", d, draft_vocab_size=200)
+    prompts = [[(7 * i + j) % 300 + 3 for j in range(5 + 3 * i)] for i in range(6)]
+    sp = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    ref = LLM(str(d), device="cuda", dtype="float32").generate(prompts, sp)
+    for shape in (dict(num_steps=3, topk=1), dict(num_steps=2, topk=4, num_draft_tokens=16)):
+        llm = LLM(str(d), draft=str(h), speculation="always", device="cuda", dtype="float32", **shape)
+        outs = llm.generate(prompts, sp)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+        st = llm.stats()
+        assert st["num_free_blocks"] == st["num_total_blocks"] and st["verify_steps"] > 0
+
+
+def test_cuda_8b_shape_dummy_weights(tmp_path):
+    """Real Llama-3.1-8B shapes with random weights: the engine runs every policy."""
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+           "vocab_size": 128256, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+           "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.json").write_text(json.dumps(cfg))
+    head = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "vocab_size": 128256, "draft_vocab_size": 32000, "rms_norm_eps": 1e-5, "rope_theta": 500000.0}
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text(json.dumps(head))
+    prompts = [[(13 * i + j) % 128000 for j in range(128)] for i in range(16)]
+    sp = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    for policy in ("off", "always", "auto"):
+        llm = LLM(str(tmp_path / "t"), draft=str(tmp_path / "d"), speculation=policy, load_format="dummy",
+                  device="cuda", dtype="bfloat16", num_steps=3, spec_simulate_accept_rate=0.8,
+                  kv_cache_memory=8 * 2**30)
+        outs = llm.generate(prompts, sp)
+        assert all(len(o.token_ids) == 32 for o in outs)
+        st = llm.stats()
+        assert st["num_free_blocks"] == st["num_total_blocks"]
+        if policy == "always":
+            assert 2.5 < st["accept_length"] < 4.0
+        del llm
+        torch.cuda.empty_cache()
