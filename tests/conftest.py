@@ -61,11 +61,23 @@ def assert_matches_reference(got: list[int], ref: list[int], ref_logits: list[to
 
 
 @pytest.fixture(scope="session")
-def trained_head(llama_dir, tmp_path_factory):
-    """An EAGLE-3 head trained for a few hundred steps on the tiny Llama's own greedy
-    continuations: it partly agrees with the target and relies on its KV cache."""
+def agree_dir(tmp_path_factory):
+    """A tiny Llama with a small init: its greedy continuations settle into loops and
+    repeats that a one-layer draft head can learn in seconds (the default init is chaotic)."""
+    return str(make_tiny_model(tmp_path_factory.mktemp("agree") / "target", "llama", init_std=0.05))
+
+
+@pytest.fixture(scope="session")
+def trained_head_result(agree_dir, tmp_path_factory):
+    """An EAGLE-3 head trained for 300 steps on `agree_dir`'s own greedy continuations: it
+    partly agrees with the target and relies on its KV cache. (head dir, training result)"""
     from adaspec.spec.train import train_eagle3_head
 
     out = tmp_path_factory.mktemp("trained") / "head"
-    train_eagle3_head(llama_dir, out, steps=300, seed=0)
-    return str(out)
+    result = train_eagle3_head(agree_dir, out, steps=300, seed=0, num_threads=1)
+    return out, result
+
+
+@pytest.fixture(scope="session")
+def trained_head(trained_head_result):
+    return str(trained_head_result[0])

@@ -3,6 +3,7 @@ policy's choices, and per-request opt-out."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.config import SpecConfig
@@ -28,14 +29,14 @@ def run_phases(engine, phases, prompts_iter, params):
     return outs
 
 
-def test_threshold_crossings_regression(llama_dir, trained_head):
+def test_threshold_crossings_regression(agree_dir, trained_head):
     """The crash that started the project: threshold 5 and 1, 2, 5, 10, 5, 1 concurrent
     requests, twice over. No error, same tokens as speculation off, both kinds of step, KV back."""
     phases = [1, 2, 5, 10, 5, 1] * 2
     prompts = prompts_of_lengths([3 + (i * 7) % 23 for i in range(sum(phases))], seed=21)
-    off = LLM(llama_dir, device="cpu", dtype="float32", block_size=4).engine
+    off = LLM(agree_dir, device="cpu", dtype="float32", block_size=4).engine
     ref = run_phases(off, phases, iter(prompts), GREEDY)
-    llm = LLM(llama_dir, draft=trained_head, speculation="threshold", spec_disable_batch_size=5,
+    llm = LLM(agree_dir, draft=trained_head, speculation="threshold", spec_disable_batch_size=5,
               num_steps=3, device="cpu", dtype="float32", block_size=4)
     eng = llm.engine
     start_free = eng.num_free_blocks
@@ -91,7 +92,7 @@ def accept_after(engine, prompt, n_tokens, off_range=None):
     return final.token_ids, (steps + accepted) / steps, steps
 
 
-def test_draft_stays_fresh_through_an_off_period(llama_dir, trained_head, monkeypatch):
+def test_draft_stays_fresh_through_an_off_period(agree_dir, trained_head, monkeypatch):
     """Acceptance on the last third of a request whose middle third ran without speculation
     equals that of an uninterrupted request. The same measurement with the per-step draft
     refresh disabled for non-speculating requests must show the collapse (the test can fail)."""
@@ -101,8 +102,12 @@ def test_draft_stays_fresh_through_an_off_period(llama_dir, trained_head, monkey
     def measure(off):
         rows = []
         for p in prompts:
-            llm = LLM(llama_dir, draft=trained_head, speculation="always", num_steps=3, device="cpu",
+            llm = LLM(agree_dir, draft=trained_head, speculation="always", num_steps=3, device="cpu",
                       dtype="float32")
+            # Recycled memory: whatever a slot held before. A fresh draft never reads it.
+            g = torch.Generator().manual_seed(0)
+            for t in llm.engine.runner.draft_cache:
+                t.copy_(torch.randn(t.shape, generator=g) * 3)
             rows.append(accept_after(llm.engine, p, n, off))
         toks = [r[0] for r in rows]
         steps = sum(r[2] for r in rows)
@@ -127,10 +132,10 @@ def test_draft_stays_fresh_through_an_off_period(llama_dir, trained_head, monkey
     assert stale_acc < interrupted - 0.1, (stale_acc, interrupted)
 
 
-def test_per_request_opt_out(llama_dir, trained_head):
+def test_per_request_opt_out(agree_dir, trained_head):
     prompts = prompts_of_lengths([6, 9, 13, 4], seed=23)
-    ref = LLM(llama_dir, device="cpu", dtype="float32").generate(prompts, GREEDY)
-    llm = LLM(llama_dir, draft=trained_head, speculation="always", num_steps=3, device="cpu", dtype="float32")
+    ref = LLM(agree_dir, device="cpu", dtype="float32").generate(prompts, GREEDY)
+    llm = LLM(agree_dir, draft=trained_head, speculation="always", num_steps=3, device="cpu", dtype="float32")
     params = [SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, speculate=(i % 2 == 0))
               for i in range(4)]
     params[2] = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, max_draft_tokens=1)
@@ -217,10 +222,10 @@ def test_auto_does_not_oscillate_on_noise():
     assert switches <= 8, switches
 
 
-def test_auto_end_to_end_is_lossless(llama_dir, trained_head):
+def test_auto_end_to_end_is_lossless(agree_dir, trained_head):
     prompts = prompts_of_lengths([5, 14, 9, 3, 22, 8], seed=24)
-    ref = LLM(llama_dir, device="cpu", dtype="float32").generate(prompts, GREEDY)
-    llm = LLM(llama_dir, draft=trained_head, speculation="auto", num_steps=3, device="cpu", dtype="float32")
+    ref = LLM(agree_dir, device="cpu", dtype="float32").generate(prompts, GREEDY)
+    llm = LLM(agree_dir, draft=trained_head, speculation="auto", num_steps=3, device="cpu", dtype="float32")
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
     st = llm.stats()

@@ -48,15 +48,15 @@ def test_greedy_lossless_random_head(llama_dir, random_head, shape):
     assert st["num_free_blocks"] == st["num_total_blocks"]
 
 
-@pytest.mark.parametrize("shape", ["chain3", "seed-tree"])
-def test_greedy_lossless_with_trained_head(llama_dir, trained_head, shape):
+@pytest.mark.parametrize("shape,num_blocks", [("chain3", 36), ("seed-tree", 20)])
+def test_greedy_lossless_with_trained_head(agree_dir, trained_head, shape, num_blocks):
     """Partly-agreeing draft: accepted and rejected paths, prefix hits, chunking, preemption."""
     shared = prompts_of_lengths([13], seed=12)[0]
     prompts = [shared + t for t in prompts_of_lengths([3, 9, 1, 6], seed=13)] + prompts_of_lengths([5, 21], seed=14)
-    llm = LLM(llama_dir, draft=trained_head, speculation="always", device="cpu", dtype="float32",
-              block_size=4, max_num_batched_tokens=32, num_kv_blocks=36, **SHAPES[shape])
+    llm = LLM(agree_dir, draft=trained_head, speculation="always", device="cpu", dtype="float32",
+              block_size=4, max_num_batched_tokens=32, num_kv_blocks=num_blocks, **SHAPES[shape])
     outs = llm.generate(prompts, GREEDY)
-    check_lossless(llama_dir, prompts, outs, shape)
+    check_lossless(agree_dir, prompts, outs, shape)
     st = llm.stats()
     assert st["num_preemptions"] > 0 and st["prefix_cache_hit_tokens"] > 0
     assert st["accepted_tokens"] > 0 and st["accepted_tokens"] < st["draft_tokens"]
@@ -66,9 +66,9 @@ def test_greedy_lossless_with_trained_head(llama_dir, trained_head, shape):
     assert sum(o.spec["accepted_tokens"] for o in outs) == st["accepted_tokens"]
 
 
-def test_acceptance_of_trained_head(llama_dir, trained_head):
+def test_acceptance_of_trained_head(agree_dir, trained_head):
     prompts = prompts_of_lengths([6, 11, 17, 4], seed=15)
-    llm = LLM(llama_dir, draft=trained_head, speculation="always", num_steps=3, topk=1,
+    llm = LLM(agree_dir, draft=trained_head, speculation="always", num_steps=3, topk=1,
               device="cpu", dtype="float32")
     llm.generate(prompts, SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True))
     st = llm.stats()
@@ -77,11 +77,11 @@ def test_acceptance_of_trained_head(llama_dir, trained_head):
     assert len(rates) == 3 and rates[0] >= rates[1] >= rates[2]
 
 
-def test_stops_inside_an_accepted_run(llama_dir, trained_head):
+def test_stops_inside_an_accepted_run(agree_dir, trained_head):
     """stop ids / max_tokens that fall inside an accepted run cut the output at the right token."""
     prompts = prompts_of_lengths([6, 11, 17, 4], seed=15)
-    plain = LLM(llama_dir, device="cpu", dtype="float32")
-    spec = LLM(llama_dir, draft=trained_head, speculation="always", num_steps=3, device="cpu", dtype="float32")
+    plain = LLM(agree_dir, device="cpu", dtype="float32")
+    spec = LLM(agree_dir, draft=trained_head, speculation="always", num_steps=3, device="cpu", dtype="float32")
     full = plain.generate(prompts, GREEDY)
     for o, p in zip(full, prompts):
         stop = o.token_ids[len(o.token_ids) // 2]

@@ -22,13 +22,10 @@ MAX_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train_draft")
-    target = make_tiny_model(root / "target", "llama", init_std=0.05)
-    t0 = time.perf_counter()
-    result = train_eagle3_head(target, root / "head", steps=300, seed=0, num_threads=1)
-    result["wall_s"] = time.perf_counter() - t0
-    return target, root / "head", result
+def trained(agree_dir, trained_head_result):
+    """The session's trained head (conftest): target init_std=0.05, 300 steps, seed 0."""
+    head, result = trained_head_result
+    return agree_dir, head, result
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +54,6 @@ def _speculate(target, head, prompts):
 
 def test_training_result(trained):
     _, head, r = trained
-    assert r["wall_s"] < 30, r
     assert len(r["acc"]) == NUM_STEPS and len(r["train_acc"]) == NUM_STEPS
     # Partly right at every unrolled step (the step-k input hidden is the head's own output).
     assert all(0.3 < a < 0.95 for a in r["acc"]), r
