@@ -258,6 +258,7 @@ def test_disconnect_aborts_streaming_request(fake_server):
         next(lines)
         next(lines)
     _wait_aborted(engine, n_before)
+    assert len(engine.aborted) > n_before
 
 
 def test_overload_returns_503_with_retry_after(fake_server):
