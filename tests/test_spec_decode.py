@@ -223,3 +223,19 @@ def test_mismatched_head_is_a_load_error(llama_dir, tmp_path):
     (h3 / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="EAGLE-3"):
         LLM(llama_dir, draft=str(h3), speculation="always", device="cpu")
+
+
+def test_sliding_window_with_chunks_and_trees(tmp_path):
+    """Mistral with an 8-token window (much shorter than the sequence): chunked prefill and
+    tree verification both respect it, so the output equals transformers'."""
+    d = make_tiny_model(tmp_path / "m", "mistral")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["sliding_window"] = 8
+    (d / "config.json").write_text(json.dumps(cfg))
+    h = make_eagle3_head(tmp_path / "h", d)
+    prompts = prompts_of_lengths([20, 13], seed=18)
+    plain = LLM(str(d), device="cpu", dtype="float32", block_size=4, max_num_batched_tokens=8).generate(prompts, GREEDY)
+    tree = LLM(str(d), draft=str(h), speculation="always", num_steps=2, topk=3, num_draft_tokens=6,
+               device="cpu", dtype="float32", block_size=4).generate(prompts, GREEDY)
+    check_lossless(str(d), prompts, plain, "window chunked")
+    check_lossless(str(d), prompts, tree, "window tree")

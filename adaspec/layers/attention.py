@@ -86,12 +86,16 @@ class TorchAttentionBackend:
         ctx = torch.tensor(meta.context_lens, device=dev).view(B, 1, 1)
         kvs = torch.tensor(meta.kv_start, device=dev).view(B, 1, 1)
         mask = (j <= ci.unsqueeze(-1)) & (j < ctx) & (j >= kvs)
-        if window is not None:
-            mask &= j > ci.unsqueeze(-1) - window
         for b, cm in enumerate(meta.custom_masks):
             if cm is not None:
                 mask[b, : cm.shape[0], : cm.shape[1]] = cm
                 mask[b, : cm.shape[0], cm.shape[1]:] = False
+        if window is not None:
+            # Sliding window by rotary position (a tree node's position is below its cache
+            # index; its ancestors are never further than the tree's depth away).
+            qpos = torch.zeros(B, Q, dtype=torch.long, device=dev)
+            qpos[row_b, row_q] = meta.positions if meta.positions is not None else meta.cache_index
+            mask &= j > qpos.unsqueeze(-1) - window
         valid_row = torch.zeros(B, Q, dtype=torch.bool, device=dev)
         valid_row[row_b, row_q] = True
         mask &= valid_row.unsqueeze(-1)
