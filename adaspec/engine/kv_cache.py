@@ -12,7 +12,21 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import torch
+
 from adaspec.engine.request import Request
+
+
+def slot_of(req: Request, idx: int, block_size: int) -> int:
+    """Flat cache slot of sequence index `idx` of `req` (the target and the draft share it)."""
+    return req.block_ids[idx // block_size] * block_size + idx % block_size
+
+
+def block_table_tensor(reqs: list[Request], device: torch.device) -> torch.Tensor:
+    """[B, max_blocks] block tables, padded with block 0 (masked out by context lengths)."""
+    width = max(len(r.block_ids) for r in reqs)
+    return torch.tensor([r.block_ids + [0] * (width - len(r.block_ids)) for r in reqs],
+                        dtype=torch.long, device=device)
 
 
 class KVCacheManager:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from adaspec.config import EngineConfig
+from adaspec.engine.kv_cache import block_table_tensor, slot_of
 from adaspec.engine.request import Request
 from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.layers.attention import AttentionMetadata, get_backend
@@ -81,14 +82,13 @@ class ModelRunner:
 
     # ---- helpers --------------------------------------------------------------------------
     def slot(self, req: Request, idx: int) -> int:
-        return req.block_ids[idx // self.block_size] * self.block_size + idx % self.block_size
+        return slot_of(req, idx, self.block_size)
 
     def _tensor(self, xs: list[int]) -> torch.Tensor:
         return torch.tensor(xs, dtype=torch.long, device=self.device)
 
     def _block_tables(self, reqs: list[Request]) -> torch.Tensor:
-        width = max(len(r.block_ids) for r in reqs)
-        return self._tensor([x for r in reqs for x in r.block_ids + [0] * (width - len(r.block_ids))]).view(len(reqs), width)
+        return block_table_tensor(reqs, self.device)
 
     # ---- the step -------------------------------------------------------------------------
     @torch.inference_mode()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from adaspec.engine.kv_cache import block_table_tensor, slot_of
 from adaspec.engine.request import Request
 from adaspec.layers.attention import AttentionMetadata
 from adaspec.spec.eagle3 import Eagle3Head
@@ -51,12 +52,10 @@ class Drafter:
         self.device = device
 
     def slot(self, req: Request, idx: int) -> int:
-        return req.block_ids[idx // self.block_size] * self.block_size + idx % self.block_size
+        return slot_of(req, idx, self.block_size)
 
     def block_tables(self, reqs: list[Request]) -> torch.Tensor:
-        width = max(len(r.block_ids) for r in reqs)
-        return torch.tensor([r.block_ids + [0] * (width - len(r.block_ids)) for r in reqs],
-                            dtype=torch.long, device=self.device)
+        return block_table_tensor(reqs, self.device)
 
     @torch.inference_mode()
     def propose(self, reqs: list[tuple[Request, DraftShape]], cache: tuple) -> list[DraftTree]:

@@ -88,10 +88,6 @@ class Eagle3Head(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
 
-def _checkpoint_name(name: str) -> str:
-    return name
-
-
 def _aux_layers(cfg: dict, num_target_layers: int) -> tuple[int, ...]:
     L = num_target_layers
     ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -156,12 +152,8 @@ def load_eagle3(draft_dir: str | Path, target_spec: ModelSpec, target_embed: nn.
         if draft_vocab != target_spec.vocab_size:
             if "d2t" not in names:
                 raise ValueError(f"EAGLE-3 head {draft_dir} has draft_vocab_size={draft_vocab} but no d2t tensor")
-            from safetensors import safe_open
-            from adaspec.models.loader import safetensor_files
-            for f in safetensor_files(draft_dir):
-                with safe_open(str(f), framework="pt") as sf:
-                    if names["d2t"] in sf.keys():
-                        d2t = sf.get_tensor(names["d2t"]).long()
+            from adaspec.models.loader import iter_tensors
+            d2t = next(t for n, t in iter_tensors(draft_dir) if n == names["d2t"]).long()
             if d2t.shape != (draft_vocab,):
                 raise ValueError(f"d2t in {draft_dir} has shape {tuple(d2t.shape)}, expected ({draft_vocab},)")
             target_ids = torch.arange(draft_vocab) + d2t
