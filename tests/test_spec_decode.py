@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from adaspec import LLM, SamplingParams
-from adaspec.spec.tree import DraftTree
-from adaspec.spec.verify import verify_greedy, verify_sampled
+from adaspec.spec_decode.tree import DraftTree
+from adaspec.spec_decode.verify import verify_greedy, verify_sampled
 from adaspec.testing import make_eagle3_head, make_tiny_model
 from conftest import assert_matches_reference, hf_greedy
 from test_engine_core import GREEDY, MAX_NEW, prompts_of_lengths

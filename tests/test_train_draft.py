@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from adaspec import LLM, SamplingParams
-from adaspec.spec.train import main, replay_chain_acceptance, train_eagle3_head
+from adaspec.spec_decode.train import main, replay_chain_acceptance, train_eagle3_head
 from adaspec.testing import make_eagle3_head, make_tiny_model
 
 NUM_STEPS = 3

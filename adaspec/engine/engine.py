@@ -19,7 +19,7 @@ from adaspec.engine.request import Request, RequestOutput, SpecStats
 from adaspec.engine.runner import ModelRunner
 from adaspec.engine.scheduler import Scheduler, StepPlan, StepResult
 from adaspec.sampling import SamplingParams, make_generator
-from adaspec.spec.policy import StepFeedback, make_policy
+from adaspec.spec_decode.policy import StepFeedback, make_policy
 
 log = logging.getLogger("adaspec")
 

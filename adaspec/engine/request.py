@@ -5,7 +5,7 @@ Token bookkeeping, the invariant everything else relies on:
   num_computed  = positions whose target KV is in the cache; between steps it is n - 1
                   (the last emitted token is fed on the next step) except while prefilling.
   The draft head's KV for the pair (hidden_p, token_{p+1}) lives at draft slot p + 1, so
-  after a step the draft cache covers slots 1..num_computed (see spec/drafter.py).
+  after a step the draft cache covers slots 1..num_computed (see spec_decode/drafter.py).
 """
 from __future__ import annotations
 

@@ -15,9 +15,9 @@ from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.layers.attention import AttentionMetadata, get_backend
 from adaspec.models.loader import load_model
 from adaspec.sampling import process_logits, sample_from_probs
-from adaspec.spec.drafter import Drafter
-from adaspec.spec.tree import DraftTree
-from adaspec.spec.verify import simulate_acceptance, verify_greedy, verify_sampled
+from adaspec.spec_decode.drafter import Drafter
+from adaspec.spec_decode.tree import DraftTree
+from adaspec.spec_decode.verify import simulate_acceptance, verify_greedy, verify_sampled
 
 CPU_DEFAULT_KV_BYTES = 128 * 2**20
 
@@ -41,7 +41,7 @@ class ModelRunner:
         self.block_size = cfg.cache.block_size
         self.draft = None
         if cfg.spec.enabled:
-            from adaspec.spec.eagle3 import load_eagle3
+            from adaspec.spec_decode.eagle3 import load_eagle3
             self.draft = load_eagle3(cfg.spec.draft, self.spec, self.model.embed_tokens, self.device,
                                      self.dtype, cfg.load_format, cfg.seed)
             self.drafter = Drafter(self.draft, self.backend, self.block_size, self.device)

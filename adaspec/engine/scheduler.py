@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from adaspec.config import SchedulerConfig
 from adaspec.engine.kv_cache import KVCacheManager
 from adaspec.engine.request import Request, Status
-from adaspec.spec.policy import SpeculationPolicy
-from adaspec.spec.tree import DraftShape
+from adaspec.spec_decode.policy import SpeculationPolicy
+from adaspec.spec_decode.tree import DraftShape
 
 
 @dataclass

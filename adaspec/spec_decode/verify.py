@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from adaspec.spec.tree import DraftTree
+from adaspec.spec_decode.tree import DraftTree
 
 
 def verify_greedy(tree: DraftTree, target_argmax: list[int]) -> tuple[list[int], int]:

@@ -22,8 +22,8 @@ import torch
 from adaspec.engine.kv_cache import block_table_tensor, slot_of
 from adaspec.engine.request import Request
 from adaspec.layers.attention import AttentionMetadata
-from adaspec.spec.eagle3 import Eagle3Head
-from adaspec.spec.tree import DraftShape, DraftTree
+from adaspec.spec_decode.eagle3 import Eagle3Head
+from adaspec.spec_decode.tree import DraftShape, DraftTree
 
 
 @dataclass

@@ -12,7 +12,7 @@ import torch
 from adaspec.engine.request import Request
 from adaspec.engine.scheduler import ScheduledRequest, StepPlan
 from adaspec.sampling import SamplingParams
-from adaspec.spec.tree import DraftShape
+from adaspec.spec_decode.tree import DraftShape
 
 PROFILE_PROMPT_LEN = 64
 

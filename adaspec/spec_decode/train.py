@@ -1,6 +1,6 @@
 """A small EAGLE-3 head trainer (training-time test, as in the EAGLE-3 paper / SpecForge).
 
-    from adaspec.spec.train import train_eagle3_head
+    from adaspec.spec_decode.train import train_eagle3_head
     result = train_eagle3_head("path/to/target", "path/to/head", steps=300)
     result["acc"]  # held-out accuracy of each unrolled step (step 0 = first draft token)
 
@@ -220,7 +220,7 @@ def train_eagle3_head(target_dir: str | Path, out_dir: str | Path, *, steps: int
 def _train(target_dir, out_dir, *, steps, seq_len, batch_size, lr, ttt_steps, seed, num_sequences, prompt_len,
            aux_layers, step_weight, init_lm_head_from_target, eval_fraction, log_every, device) -> dict:
     from adaspec.models.registry import parse_model_spec
-    from adaspec.spec.eagle3 import load_eagle3
+    from adaspec.spec_decode.eagle3 import load_eagle3
     from adaspec.testing import make_eagle3_head
 
     t0 = time.perf_counter()
@@ -337,7 +337,7 @@ def replay_chain_acceptance(target_dir: str | Path, head_dir: str | Path, sequen
     "drafted_per_position"} in the engine's `stats()` conventions.
     """
     from adaspec.models.registry import parse_model_spec
-    from adaspec.spec.eagle3 import load_eagle3
+    from adaspec.spec_decode.eagle3 import load_eagle3
 
     tspec, _ = parse_model_spec(target_dir)
     model = _load_target(Path(target_dir))

@@ -12,7 +12,7 @@ import abc
 from dataclasses import dataclass, field
 
 from adaspec.config import SpecConfig
-from adaspec.spec.tree import DraftShape
+from adaspec.spec_decode.tree import DraftShape
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ class AutoPolicy(SpeculationPolicy):
     # ---- start-up profile -----------------------------------------------------------------
     def warm_up(self, engine) -> None:
         if self.cfg.auto_profile:
-            from adaspec.spec.profile import profile_step_times
+            from adaspec.spec_decode.profile import profile_step_times
             for (b, d), t in profile_step_times(engine, self.shapes).items():
                 self.times[(d, self.bucket(b))] = t
 
