@@ -85,6 +85,12 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
     served_model_name: str | None = None
+    attention_backend: str = "auto"      # "auto" (triton on CUDA, else torch) | "triton" | "torch"
+    enforce_eager: bool = False          # no CUDA graphs
+
+    def __post_init__(self) -> None:
+        if self.attention_backend not in ("auto", "triton", "torch"):
+            raise ValueError(f"attention_backend must be auto, triton or torch, got {self.attention_backend!r}")
 
     @classmethod
     def create(cls, model: str, **kw) -> "EngineConfig":
@@ -138,6 +144,8 @@ def add_engine_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--served-model-name", default=None)
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "triton", "torch"])
+    p.add_argument("--enforce-eager", action="store_true", help="run without CUDA graphs")
 
 
 def engine_kwargs_from_cli(a: argparse.Namespace) -> dict:
@@ -150,7 +158,8 @@ def engine_kwargs_from_cli(a: argparse.Namespace) -> dict:
               served_model_name=a.served_model_name, draft=a.draft, num_steps=a.num_steps,
               topk=a.topk, num_draft_tokens=a.num_draft_tokens,
               spec_disable_batch_size=a.spec_disable_batch_size,
-              simulate_accept_rate=a.spec_simulate_accept_rate)
+              simulate_accept_rate=a.spec_simulate_accept_rate,
+              attention_backend=a.attention_backend, enforce_eager=a.enforce_eager)
     if a.speculation is not None:
         kw["policy"] = a.speculation
     return kw

@@ -47,6 +47,7 @@ class Engine:
             raise ValueError(f"max_model_len={wanted} exceeds the KV cache ({capacity} tokens); "
                              f"give the cache more memory or lower max_model_len")
         self.max_model_len = min(wanted or self.runner.spec.max_position, capacity)
+        self.runner.setup(self.max_model_len)
         self.kv = KVCacheManager(self.runner.num_blocks, bs, cfg.cache.enable_prefix_caching)
         self.policy = make_policy(cfg.spec)
         self.scheduler = Scheduler(cfg.scheduler, self.kv, self.policy, self.max_model_len,

@@ -22,13 +22,6 @@ def slot_of(req: Request, idx: int, block_size: int) -> int:
     return req.block_ids[idx // block_size] * block_size + idx % block_size
 
 
-def block_table_tensor(reqs: list[Request], device: torch.device) -> torch.Tensor:
-    """[B, max_blocks] block tables, padded with block 0 (masked out by context lengths)."""
-    width = max(len(r.block_ids) for r in reqs)
-    return torch.tensor([r.block_ids + [0] * (width - len(r.block_ids)) for r in reqs],
-                        dtype=torch.long, device=device)
-
-
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         if num_blocks < 1:
@@ -78,6 +71,7 @@ class KVCacheManager:
         keep = self.blocks_for(keep_slots)
         tail = req.block_ids[keep:]
         del req.block_ids[keep:]
+        req.table_synced = min(req.table_synced, keep)
         self._release(reversed(tail))
         return len(tail)
 
@@ -85,6 +79,7 @@ class KVCacheManager:
         # Reverse order: the tail (least likely to be shared) is evicted first.
         self._release(reversed(req.block_ids))
         req.block_ids = []
+        req.table_synced = 0
         req.num_hashed_blocks = 0
         req.block_hashes = []
 

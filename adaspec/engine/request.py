@@ -122,6 +122,8 @@ class Request:
         self.error: str | None = None
         self.spec = SpecStats()
         self.draft_hidden: torch.Tensor | None = None  # fc(aux) at the last synced pair
+        self.row = -1                   # row of the runner's persistent device state (-1: none)
+        self.table_synced = 0           # leading block_ids the device block table already holds
         self.num_preemptions = 0
         # detokenizer state
         self.text = ""

@@ -1,23 +1,39 @@
 """The model runner: executes a StepPlan on the device. It never decides what to run and never
 allocates KV; it reads the block tables the scheduler prepared.
 
-One step = [draft] -> target forward (prefill chunks, decodes and draft trees in one varlen
-batch) -> sample / verify -> [move accepted tree KV into place] -> [refresh the draft KV].
+One step (see `execute`):
+  1. stage   every input of the step (target forward first, then draft steps, the draft
+             refresh and block-table updates) into one pinned buffer; ONE host->device copy
+  2. draft   chains on the device (no sync); trees by the tree drafter
+  3. target  one forward over prefill chunks, decodes and drafts (a CUDA graph when the batch
+             is uniform: every request has the same number of query rows)
+  4. verify  batched on the device (greedy, rejection sampling, simulated acceptance)
+  5. commit  accepted tree KV moved into place, the draft KV refreshed for every request
+  6. sync    ONE device->host read of the emitted tokens
+
+Row layout of the target forward: request i owns `num_new` committed rows; in a speculative
+step every decoding request also owns N-1 draft rows (N = the step's tree size), padded when
+its own budget is smaller (padding rows write no KV and are never accepted), so decode and
+verify batches stay uniform and graph-friendly.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from adaspec.config import EngineConfig
-from adaspec.engine.kv_cache import block_table_tensor, slot_of
-from adaspec.engine.request import Request
+from adaspec.engine.input_batch import DeviceRows, Staging, stage_forward
+from adaspec.engine.kv_cache import slot_of
 from adaspec.engine.scheduler import StepPlan, StepResult
-from adaspec.layers.attention import AttentionMetadata, get_backend
+from adaspec.layers.attention import ForwardContext, forward_context, get_backend
 from adaspec.models.loader import load_model
-from adaspec.sampling import process_logits, sample_from_probs
-from adaspec.spec_decode.drafter import Drafter
+from adaspec.sampling import process_logits
+from adaspec.spec_decode import verifier
+from adaspec.spec_decode.drafter import TreeDrafter
 from adaspec.spec_decode.tree import DraftTree
-from adaspec.spec_decode.verify import simulate_acceptance, verify_greedy, verify_sampled
+from adaspec.spec_decode.verify import verify_sampled
 
 CPU_DEFAULT_KV_BYTES = 128 * 2**20
 
@@ -31,26 +47,87 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def resolve_backend(name: str, device: torch.device) -> str:
+    if name != "auto":
+        return name
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+            return "triton"
+        except ImportError:
+            return "torch"
+    return "torch"
+
+
+@dataclass
+class _Req:
+    """Host-side layout of one scheduled request in this step's target forward."""
+
+    row0: int          # first query row
+    n_new: int         # committed rows
+    pad: int           # draft rows (N - 1 when the request is verified, else 0)
+    depth: int         # its own draft depth (0 = not speculating)
+    nodes: int         # its own draft nodes
+    vi: int            # index in the verify batch (-1: does not sample this step)
+
+
 class ModelRunner:
     def __init__(self, cfg: EngineConfig):
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         self.model, self.spec, self.dtype = load_model(cfg.model, self.device, cfg.dtype, cfg.load_format, cfg.seed)
-        self.backend = get_backend("torch")
+        self.model.fuse()
+        self.backend = get_backend(resolve_backend(cfg.attention_backend, self.device))
         self.block_size = cfg.cache.block_size
         self.draft = None
         if cfg.spec.enabled:
             from adaspec.spec_decode.eagle3 import load_eagle3
             self.draft = load_eagle3(cfg.spec.draft, self.spec, self.model.embed_tokens, self.device,
                                      self.dtype, cfg.load_format, cfg.seed)
-            self.drafter = Drafter(self.draft, self.backend, self.block_size, self.device)
-        self.capture = self.draft.aux_layers if self.draft is not None else ()
+            self.draft.fuse()
+        self.model.capture = self.draft.aux_layers if self.draft is not None else ()
+        self.group = self.spec.num_heads // self.spec.num_kv_heads
         self.num_blocks = self._num_blocks()
-        self.kv_caches = [self._alloc(self.spec.num_kv_heads, self.spec.head_dim) for _ in range(self.spec.num_layers)]
-        self.draft_cache = self._alloc(self.draft.spec.num_kv_heads, self.draft.spec.head_dim) if self.draft else None
+        L, S = self.spec.num_layers, self.num_blocks * self.block_size
+        # One tensor for every layer's K and V: accepted tree KV moves with one index op.
+        self.kv = torch.zeros(L, 2, S, self.spec.num_kv_heads, self.spec.head_dim, dtype=self.dtype,
+                              device=self.device)
+        self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(L)]
+        self.draft_cache = None
+        if self.draft is not None:
+            ds = self.draft.spec
+            self.draft_kv = torch.zeros(2, S, ds.num_kv_heads, ds.head_dim, dtype=self.dtype, device=self.device)
+            self.draft_cache = (self.draft_kv[0], self.draft_kv[1])
+            self.draft_group = ds.num_heads // ds.num_kv_heads
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        self.sim_generator = torch.Generator().manual_seed(cfg.spec.simulate_seed)
+        self.sim_generator = np.random.default_rng(cfg.spec.simulate_seed)
+        self.rows: DeviceRows | None = None
+        self.graphs = None
+        self.max_model_len = 0
+
+    def setup(self, max_model_len: int) -> None:
+        """Size the persistent device state for `max_model_len` (called once by the engine)."""
+        sc, spc = self.cfg.scheduler, self.cfg.spec
+        self.max_model_len = max_model_len
+        self.max_draft = max(spc.num_steps, spc.resolved_num_draft_tokens) if self.draft is not None else 0
+        max_pos = max_model_len + self.max_draft + 2
+        self.model.prepare_rotary(max_pos, self.device)
+        if self.draft is not None:
+            self.draft.prepare_rotary(max_pos, self.device)
+        max_blocks = (max_pos + 1 + self.max_draft * max(1, spc.topk)) // self.block_size + 2
+        hidden = self.draft.spec.hidden_size if self.draft is not None else None
+        self.rows = DeviceRows(2 * sc.max_num_seqs + 8, max_blocks, self.device, hidden, self.dtype)
+        n = spc.resolved_num_draft_tokens if self.draft is not None else 1
+        max_rows = sc.max_num_batched_tokens + sc.max_num_seqs * (n + 1)
+        nbytes = 256 * max_rows * (self.max_draft + 3) + 16 * sc.max_num_seqs * n * n + (1 << 20)
+        self.stg = Staging(nbytes, self.device)
+        self.tree_drafter = (TreeDrafter(self.draft, self.backend, self.block_size, self.device, self.draft_group)
+                             if self.draft is not None else None)
+        if self.device.type == "cuda" and self.backend.graphable and not self.cfg.enforce_eager:
+            from adaspec.engine.cuda_graph import CudaGraphs
+            self.graphs = CudaGraphs(self)
+            self.graphs.capture_all()
 
     # ---- memory ---------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
@@ -68,158 +145,376 @@ class ModelRunner:
         if budget is None:
             if self.device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(self.device)
-                budget = int(free * c.gpu_memory_utilization) - 2 * 2**30  # leave room for activations
+                budget = int(free * c.gpu_memory_utilization) - 4 * 2**30  # activations, graphs
             else:
                 budget = CPU_DEFAULT_KV_BYTES
-        # No point holding more than every sequence slot at full length could use.
         useful = self.cfg.scheduler.max_num_seqs * (self.spec.max_position // self.block_size + 2)
         return max(1, min(budget // self.bytes_per_block(), useful))
-
-    def _alloc(self, nkv: int, hd: int) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (self.num_blocks * self.block_size, nkv, hd)
-        return (torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device))
-
-    # ---- helpers --------------------------------------------------------------------------
-    def slot(self, req: Request, idx: int) -> int:
-        return slot_of(req, idx, self.block_size)
-
-    def _tensor(self, xs: list[int]) -> torch.Tensor:
-        return torch.tensor(xs, dtype=torch.long, device=self.device)
-
-    def _block_tables(self, reqs: list[Request]) -> torch.Tensor:
-        return block_table_tensor(reqs, self.device)
 
     # ---- the step -------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> list[StepResult]:
         sched = plan.scheduled
-        trees: dict[int, DraftTree] = {}
-        spec_idx = [i for i, s in enumerate(sched) if s.draft is not None]
-        if spec_idx:
-            proposed = self.drafter.propose([(sched[i].req, sched[i].draft) for i in spec_idx], self.draft_cache)
-            trees = dict(zip(spec_idx, proposed))
-
-        ids, pos, cidx, slots, qstart, ctx, masks = [], [], [], [], [0], [], []
-        row0s, logit_rows = [], {}
-        for i, s in enumerate(sched):
-            r, c, L = s.req, s.req.num_computed, s.num_new_tokens
-            row0 = len(ids)
-            row0s.append(row0)
-            ids += r.all_token_ids[c:c + L]
-            pos += range(c, c + L)
-            cidx += range(c, c + L)
-            slots += [self.slot(r, p) if p >= r.no_kv_write_below else -1 for p in range(c, c + L)]
-            tree = trees.get(i)
-            if tree is None:
-                ctx.append(c + L)
-                masks.append(None)
-            else:  # L == 1: the root is the last emitted token, at index n - 1
-                n, N = r.num_tokens, tree.size
-                ids += tree.tokens[1:]
-                pos += [n - 1 + d for d in tree.depths[1:]]
-                cidx += range(n, n - 1 + N)
-                slots += [self.slot(r, n - 1 + j) for j in range(1, N)]
-                m = torch.zeros(N, n - 1 + N, dtype=torch.bool)
-                m[:, : n - 1] = True
-                m[:, n - 1:] = tree.ancestor_mask()
-                ctx.append(n - 1 + N)
-                masks.append(m.to(self.device))
-            qstart.append(len(ids))
-            if s.samples:
-                logit_rows[i] = [row0 + L - 1] + ([row0 + j for j in range(1, tree.size)] if tree else [])
-
         reqs = [s.req for s in sched]
-        meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots), query_start=qstart, context_lens=ctx, kv_start=[0] * len(sched),
-            cache_index=self._tensor(cidx), block_tables=self._block_tables(reqs), custom_masks=masks,
-            positions=self._tensor(pos))
-        hidden, aux = self.model(self._tensor(ids), meta, self.kv_caches, self.backend, self.block_size, self.capture)
+        rows = [self.rows.row_of(r) for r in reqs]
+        spec = [i for i, s in enumerate(sched) if s.draft is not None]
+        topk = max((sched[i].draft.topk for i in spec), default=1)
+        chain = bool(spec) and topk == 1
+        # N: nodes verified per sampling request this step (root included).
+        if not spec:
+            N = 1
+        elif chain:
+            N = 1 + max(sched[i].draft.num_steps for i in spec)
+        else:
+            N = max(sched[i].draft.num_draft_tokens for i in spec)
+        trees: dict[int, DraftTree] = {}
+        if spec and not chain:  # tree drafting needs its own host round trips
+            hidden = self.rows.draft_hidden[torch.tensor([rows[i] for i in spec], device=self.device)]
+            trees = dict(zip(spec, self.tree_drafter.propose([(reqs[i], sched[i].draft) for i in spec], hidden,
+                                                               self.draft_cache, self.rows)))
 
+        # ---- 1. layout and staging ----
+        lay: list[_Req] = []
+        t = 0
+        nv = 0
+        for i, s in enumerate(sched):
+            decoding = s.samples and s.num_new_tokens == 1
+            pad = N - 1 if (decoding and spec) else 0
+            d = s.draft
+            depth = (trees[i].depth if i in trees else d.num_steps) if d is not None else 0
+            nodes = (trees[i].size - 1 if i in trees else d.num_steps) if d is not None else 0
+            lay.append(_Req(t, s.num_new_tokens, pad, depth, nodes, nv if s.samples else -1))
+            nv += s.samples
+            t += s.num_new_tokens + pad
+        T = t
+        ids = np.zeros(T, dtype=np.int64)
+        pos = np.zeros(T, dtype=np.int64)
+        cidx = np.zeros(T, dtype=np.int64)
+        slots = np.full(T, -1, dtype=np.int64)
+        q_lens, ctx, mstart, moff = [], [], [], []
+        mask_parts = []
+        moffset = 0
+        tree_mode = bool(trees)
+        for i, (s, L) in enumerate(zip(sched, lay)):
+            r, c = s.req, s.req.num_computed
+            a, b = L.row0, L.row0 + L.n_new
+            ids[a:b] = r.all_token_ids[c:c + L.n_new]
+            pos[a:b] = cidx[a:b] = np.arange(c, c + L.n_new)
+            slots[a:b] = [self._slot(r, p) if p >= r.no_kv_write_below else -1 for p in range(c, c + L.n_new)]
+            q_lens.append(L.n_new + L.pad)
+            if L.pad == 0:
+                ctx.append(c + L.n_new)
+                mstart.append(c + L.n_new)
+                moff.append(0)
+                continue
+            n = r.num_tokens  # root = token n-1 at cache index n-1
+            j = np.arange(1, N)
+            cidx[b:b + L.pad] = n - 1 + j
+            if i in trees:
+                tr = trees[i]
+                k = tr.size
+                ids[b:b + k - 1] = tr.tokens[1:]
+                pos[b:b + L.pad] = n - 1 + np.array(tr.depths[1:] + [0] * (N - k))
+                slots[b:b + k - 1] = [self._slot(r, n - 1 + jj) for jj in range(1, k)]
+            else:
+                pos[b:b + L.pad] = n - 1 + j
+                slots[b:b + L.depth] = [self._slot(r, n - 1 + jj) for jj in range(1, L.depth + 1)]
+            if tree_mode:   # tree region = the N nodes, root included
+                m = np.zeros((N, N), dtype=np.uint8)
+                if i in trees:
+                    m[: trees[i].size, : trees[i].size] = trees[i].ancestor_mask().numpy()
+                else:
+                    m[0, 0] = 1
+                mask_parts.append(m.reshape(-1))
+                ctx.append(n - 1 + N)
+                mstart.append(n - 1)
+                moff.append(moffset)
+                moffset += N * N
+            else:          # chain: causal by cache index; the request's own depth bounds its keys
+                ctx.append(n + L.depth)
+                mstart.append(n + L.depth)
+                moff.append(0)
+        graph = self.graphs.lookup(q_lens, tree_mode) if self.graphs is not None else None
+        B_pad = graph.batch if graph is not None else len(sched)
+        extra = B_pad - len(sched)
+        if extra:  # padding requests of the captured batch size: no keys, no KV writes
+            q = q_lens[0]
+            ids = np.concatenate([ids, np.zeros(extra * q, np.int64)])
+            pos = np.concatenate([pos, np.zeros(extra * q, np.int64)])
+            cidx = np.concatenate([cidx, np.zeros(extra * q, np.int64)])
+            slots = np.concatenate([slots, np.full(extra * q, -1, np.int64)])
+            q_lens += [q] * extra
+            ctx += [0] * extra
+            mstart += [0] * extra
+            moff += [0] * extra
+            if tree_mode:
+                mask_parts += [np.zeros(N * N, np.uint8)] * extra
+        req_row = rows + [self.rows.pad_row] * extra
+        stg = self.stg
+        stg.begin()
+        meta, ids_d, pos_d = stage_forward(
+            stg, self.backend, self.rows.block_table, self.block_size, self.group, q_lens=q_lens, ctx_len=ctx,
+            kv_start=[0] * B_pad, req_row=req_row, positions=pos, cache_index=cidx, slots=slots, input_ids=ids,
+            mask_start=mstart if tree_mode else None, mask_offset=moff if tree_mode else None,
+            mask=np.concatenate(mask_parts) if mask_parts else None)
+        upd = self.rows.table_updates(reqs)
+        upd_d = stg.add(upd, torch.int64) if upd is not None else None
+
+        # Verify batch (requests that sample): rows of logits, tree structure, limits.
+        V = [i for i in range(len(sched)) if lay[i].vi >= 0]
+        vrows = np.zeros((len(V), N), dtype=np.int64)
+        vtok = np.zeros((len(V), N), dtype=np.int64)
+        vpar = np.full((len(V), N), -1, dtype=np.int64)
+        vlim = np.zeros(len(V), dtype=np.int64)
+        for k, i in enumerate(V):
+            L = lay[i]
+            last = L.row0 + L.n_new - 1
+            vrows[k] = last
+            vtok[k, 0] = reqs[i].all_token_ids[-1] if L.pad else 0
+            if L.pad:
+                vrows[k, 1:] = np.arange(L.row0 + L.n_new, L.row0 + L.n_new + L.pad)
+                if i in trees:
+                    tr = trees[i]
+                    vtok[k, 1:tr.size] = tr.tokens[1:]
+                    vpar[k, 1:tr.size] = tr.parents[1:]
+                else:
+                    vpar[k, 1:] = np.arange(0, N - 1)
+                vlim[k] = L.depth
+        vrows_d = stg.add(vrows, torch.int64)
+        vtok_d = stg.add(vtok, torch.int64)
+        vpar_d = stg.add(vpar, torch.int64)
+        vlim_d = stg.add(vlim, torch.int64)
+        sim = self.cfg.spec.simulate_accept_rate
+        sim_d = stg.add(self.sim_generator.random((len(V), max(1, N - 1))) < sim, torch.uint8) \
+            if (sim is not None and spec) else None
+
+        drafts = self._stage_chain(stg, sched, lay, reqs, rows, N) if chain else None
+        refresh = self._stage_refresh(stg, sched, lay, reqs, trees, N) if self.draft is not None else None
+        stg.commit()
+        self.rows.apply_updates(upd_d.t if upd_d is not None else None)
+
+        # ---- 2. draft (chains, on the device) ----
+        if drafts is not None:
+            dtoks = self._run_chain(drafts, ids_d, N)
+            vtok_t = vtok_d.t
+            vtok_t[drafts["vidx"].t, 1:] = dtoks
+            vtok_t[drafts["vidx"].t, 0] = ids_d[drafts["root_rows"].t]
+        else:
+            vtok_t = vtok_d.t
+
+        # ---- 3. target forward ----
+        if graph is not None:
+            logits, aux = graph.replay()
+        else:
+            with forward_context(ForwardContext(meta, self.backend, self.kv_caches)):
+                hidden, aux = self.model(ids_d, pos_d)
+            logits = None
+            sel = vrows_d.t.reshape(-1)
+            vlogits = self.model.lm_head(hidden[sel]) if len(V) else None
+        if graph is not None:
+            vlogits = logits[vrows_d.t.reshape(-1)] if len(V) else None
+
+        # ---- 4. verify ----
         results = [StepResult(emitted=[]) for _ in sched]
-        if logit_rows:
-            order = list(logit_rows)
-            flat = [row for i in order for row in logit_rows[i]]
-            logits = self.model.compute_logits(hidden[self._tensor(flat)])
-            self._sample(sched, order, logit_rows, logits, trees, results)
-        if trees:
-            self._move_accepted_kv(sched, trees, results)
-        if self.draft is not None:
-            self._refresh_draft(sched, row0s, aux, results)
+        if len(V):
+            path, emitted, count = self._verify(sched, lay, V, vlogits.view(len(V), N, -1), vtok_t, vpar_d.t,
+                                                vlim_d.t, sim_d, N, trees)
+        # ---- 5. commit: tree KV into place, draft refresh ----
+        if trees and len(V):
+            self._move_tree_kv(sched, lay, V, path, count, N)
+        if refresh is not None:
+            self._run_refresh(refresh, aux, path if len(V) else None, emitted if len(V) else None,
+                              count if len(V) else None)
+        # ---- 6. one sync ----
+        if len(V):
+            out = torch.cat([count.unsqueeze(1), emitted, path], dim=1).cpu().tolist()
+            D = N - 1
+            for k, i in enumerate(V):
+                row = out[k]
+                cnt = row[0]
+                em = row[1:1 + cnt]
+                p = row[2 + D: 2 + D + cnt - 1]
+                L = lay[i]
+                results[i] = StepResult(emitted=em, num_accepted=cnt - 1, tree_depth=L.depth if L.pad else 0,
+                                        tree_nodes=L.nodes if L.pad else 0, path=p)
         return results
 
-    def _sample(self, sched, order, logit_rows, logits, trees, results) -> None:
-        """Plain rows are sampled in one batch; tree rows are verified per request."""
-        offsets, k = {}, 0
-        for i in order:
-            offsets[i] = k
-            k += len(logit_rows[i])
-        plain = [i for i in order if i not in trees]
-        if plain:
-            rows = self._tensor([offsets[i] for i in plain])
-            params = [sched[i].req.params for i in plain]
-            if all(p.greedy for p in params):
-                toks = logits[rows].argmax(dim=-1).tolist()
-            else:
-                probs = process_logits(logits[rows], params)
-                toks = sample_from_probs(probs, [sched[i].req.generator for i in plain], self.generator).tolist()
-            for i, t in zip(plain, toks):
-                results[i].emitted = [t]
-        sim = self.cfg.spec.simulate_accept_rate
-        for i, tree in trees.items():
+    def _slot(self, req, idx: int) -> int:
+        return slot_of(req, idx, self.block_size)
+
+    # ---- verification ---------------------------------------------------------------------
+    def _verify(self, sched, lay, V, logits, tokens, parents, limit, sim_d, N, trees):
+        """Batched verification; returns (path [B, N], emitted [B, N], count [B])."""
+        D = N - 1
+        params = [sched[i].req.params for i in V]
+        greedy = all(p.greedy for p in params)
+        if sim_d is not None:
+            path, emitted, count = verifier.verify_simulated(tokens, parents, limit, sim_d.t.bool(), D)
+            last = path.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
+            rows = logits[torch.arange(len(V), device=self.device), last]
+            bonus = self._sample(rows, params)
+            emitted.scatter_(1, (count - 1).unsqueeze(1), bonus.unsqueeze(1))
+            return path, emitted, count
+        if greedy:
+            return verifier.verify_greedy(tokens, parents, limit, logits.argmax(-1), D)
+        probs = process_logits(logits.reshape(len(V) * N, -1), [p for p in params for _ in range(N)])
+        probs = probs.view(len(V), N, -1)
+        if not trees:
+            u = self._uniform(len(V), D, [sched[i].req.generator for i in V])
+            noise = self._exponential(len(V), probs.shape[-1], [sched[i].req.generator for i in V])
+            return verifier.verify_chain_sampled(tokens, limit, probs, u, noise)
+        # Sampled trees: greedy rows batched, sampled rows one by one (rejection along siblings).
+        path, emitted, count = verifier.verify_greedy(tokens, parents, limit, logits.argmax(-1), D)
+        for k, i in enumerate(V):
+            if params[k].greedy:
+                continue
             req = sched[i].req
-            rows = logits[offsets[i]: offsets[i] + tree.size]
-            if sim is not None:
-                path = simulate_acceptance(tree, sim, self.sim_generator)
-                last = path[-1] if path else 0
-                probs = process_logits(rows[last:last + 1], [req.params])
-                bonus = int(sample_from_probs(probs, [req.generator], self.generator)[0])
-            elif req.params.greedy:
-                path, bonus = verify_greedy(tree, rows.argmax(dim=-1).tolist())
+            if i in trees:
+                pth, bonus = verify_sampled(trees[i], probs[k, : trees[i].size], req.generator, self.generator)
             else:
-                probs = process_logits(rows, [req.params] * tree.size)
-                path, bonus = verify_sampled(tree, probs, req.generator, self.generator)
-            results[i] = StepResult(emitted=[tree.tokens[j] for j in path] + [bonus], num_accepted=len(path),
-                                    tree_depth=tree.depth, tree_nodes=tree.size - 1, path=path)
+                pth, bonus = [], int(verify_sampled(DraftTree([0], [-1], [0]), probs[k, :1], req.generator,
+                                                    self.generator)[1])
+            full = [0] + pth
+            path[k] = 0
+            path[k, : len(full)] = torch.tensor(full, device=self.device)
+            em = [trees[i].tokens[j] for j in pth] + [bonus] if i in trees else [bonus]
+            emitted[k, : len(em)] = torch.tensor(em, device=self.device)
+            count[k] = len(em)
+        return path, emitted, count
 
-    def _move_accepted_kv(self, sched, trees, results) -> None:
-        """Accepted node j_i was written at index n-1+j_i; its committed place is n+i-1+1."""
-        src, dst = [], []
-        for i, tree in trees.items():
-            r, n = sched[i].req, sched[i].req.num_tokens
-            for depth, j in enumerate(results[i].path, start=1):
-                if j != depth:
-                    src.append(self.slot(r, n - 1 + j))
-                    dst.append(self.slot(r, n - 1 + depth))
-        if src:
-            s, d = self._tensor(src), self._tensor(dst)
-            for k, v in self.kv_caches:
-                k[d] = k[s]
-                v[d] = v[s]
+    def _sample(self, logits: torch.Tensor, params) -> torch.Tensor:
+        if all(p.greedy for p in params):
+            return logits.argmax(-1)
+        probs = process_logits(logits, params)
+        noise = self._exponential(len(params), probs.shape[-1], [None] * len(params))
+        return (probs / noise).argmax(-1)
 
-    def _refresh_draft(self, sched, row0s, aux, results) -> None:
-        """Write the draft KV of every newly committed pair (hidden_p, token_{p+1}) at slot
-        p + 1, from the target's own hidden states, for every request, speculating or not.
-        This keeps the draft cache exactly as fresh as the target's."""
-        rows, next_tok, dpos, dslots, last_row = [], [], [], [], {}
-        for i, s in enumerate(sched):
-            r, c, L, res = s.req, s.req.num_computed, s.num_new_tokens, results[i]
-            seq_next = r.all_token_ids[c + 1: c + L] + res.emitted[:1] if s.samples else r.all_token_ids[c + 1: c + L + 1]
-            rows += range(row0s[i], row0s[i] + L)
-            next_tok += seq_next
-            dpos += range(c, c + L)
-            dslots += [self.slot(r, p + 1) for p in range(c, c + L)]
-            for d, j in enumerate(res.path, start=1):
-                p = c + L - 1 + d
-                rows.append(row0s[i] + j)
-                next_tok.append(res.emitted[d])
+    def _uniform(self, B, K, gens):
+        u = torch.rand(B, K, device=self.device, generator=self.generator)
+        for k, g in enumerate(gens):
+            if g is not None and K:
+                u[k] = torch.rand(K, device=self.device, generator=g)
+        return u
+
+    def _exponential(self, B, V, gens):
+        noise = torch.empty(B, V, device=self.device).exponential_(generator=self.generator)
+        for k, g in enumerate(gens):
+            if g is not None:
+                noise[k].exponential_(generator=g)
+        return noise
+
+    # ---- chain drafting on the device -----------------------------------------------------
+    def _stage_chain(self, stg, sched, lay, reqs, rows, N):
+        """Stage the metadata of the K draft steps of every speculating request. Step i feeds
+        pair (hidden, token) at cache index n-1+i, rotary position n-2+i, and sees keys
+        1 .. n-1+i of the draft cache (slot 0 is never read)."""
+        spec = [i for i, s in enumerate(sched) if s.draft is not None and lay[i].pad]
+        K = N - 1
+        ns = np.array([reqs[i].num_tokens for i in spec], dtype=np.int64)
+        depth = [lay[i].depth for i in spec]
+        steps = []
+        for st in range(K):
+            slots = [self._slot(reqs[i], n - 1 + st) if st < d else -1 for i, n, d in zip(spec, ns, depth)]
+            meta, _, pos = stage_forward(
+                stg, self.backend, self.rows.block_table, self.block_size, self.draft_group,
+                q_lens=[1] * len(spec), ctx_len=ns + st, kv_start=[1] * len(spec),
+                req_row=[rows[i] for i in spec], positions=ns - 2 + st, cache_index=ns - 1 + st, slots=slots)
+            steps.append((meta, pos))
+        return {"steps": steps, "vidx": stg.add([lay[i].vi for i in spec], torch.int64),
+                "root_rows": stg.add([lay[i].row0 for i in spec], torch.int64),
+                "rows": stg.add([rows[i] for i in spec], torch.int64),
+                "draft_rows": stg.add([[lay[i].row0 + 1 + j for j in range(K)] for i in spec], torch.int64)}
+
+    def _run_chain(self, drafts, ids_d, N) -> torch.Tensor:
+        """K draft forwards, greedy top-1 each; returns target-vocabulary drafts [B, K] and
+        writes them into the target forward's input ids."""
+        head = self.draft
+        h = self.rows.draft_hidden[drafts["rows"].t]
+        tok = ids_d[drafts["root_rows"].t]
+        out = []
+        for meta, pos in drafts["steps"]:
+            with forward_context(ForwardContext(meta, self.backend, [self.draft_cache])):
+                logits, h = head(h, tok, pos)
+            tok = head.to_target_ids(logits.argmax(-1))
+            out.append(tok)
+        dt = torch.stack(out, dim=1)
+        ids_d[drafts["draft_rows"].t.reshape(-1)] = dt.reshape(-1)
+        return dt
+
+    # ---- committing -----------------------------------------------------------------------
+    def _move_tree_kv(self, sched, lay, V, path, count, N) -> None:
+        """Accepted node path[d] was written at cache index n-1+path[d]; its committed place
+        is n-1+d. One gather/scatter over every layer's K and V."""
+        D = N - 1
+        if D == 0:
+            return
+        bs = self.block_size
+        base = torch.tensor([sched[i].req.num_tokens - 1 for i in V], device=self.device)
+        rows = torch.tensor([sched[i].req.row for i in V], device=self.device)
+        d = torch.arange(1, D + 1, device=self.device)
+        src_idx = base.unsqueeze(1) + path[:, 1:]
+        dst_idx = base.unsqueeze(1) + d.unsqueeze(0)
+        move = (d.unsqueeze(0) < count.unsqueeze(1)) & (path[:, 1:] != d.unsqueeze(0))
+        src_idx = torch.where(move, src_idx, dst_idx)
+        table = self.rows.block_table[rows].long()
+
+        def slot(idx):
+            return table.gather(1, idx // bs) * bs + idx % bs
+
+        src, dst = slot(src_idx).reshape(-1), slot(dst_idx).reshape(-1)
+        self.kv[:, :, dst] = self.kv[:, :, src]
+
+    def _stage_refresh(self, stg, sched, lay, reqs, trees, N):
+        """Stage the draft-KV refresh: the pair (hidden_p, token_{p+1}) of every newly
+        committed position p goes to draft slot p+1, for every request, speculating or not."""
+        base, dsel, vreq, emj, htok, dpos, dslot, last, lastadd = [], [], [], [], [], [], [], [], []
+        D = N - 1
+        for i, (s, L) in enumerate(zip(sched, lay)):
+            r, c = s.req, s.req.num_computed
+            n = r.num_tokens
+            for j in range(L.n_new):
+                p = c + j
+                base.append(L.row0 + j)
+                dsel.append(0)
+                vreq.append(max(L.vi, 0))
+                known = p + 1 < n
+                emj.append(-1 if known else 0)
+                htok.append(r.all_token_ids[p + 1] if known else 0)
                 dpos.append(p)
-                dslots.append(self.slot(r, p + 1))
-            last_row[i] = len(rows) - 1
-        h = self.draft.project(aux[self._tensor(rows)])
-        meta = AttentionMetadata(slot_mapping=self._tensor(dslots), query_start=[0, len(rows)], context_lens=[0],
-                                 kv_start=[1], cache_index=self._tensor(dpos), block_tables=self._tensor([[0]]),
-                                 custom_masks=[None], positions=self._tensor(dpos))
-        self.draft.write_kv(h, self._tensor(next_tok), meta, self.draft_cache, self.backend)
-        for i, s in enumerate(sched):  # the next draft step starts from the last pair
-            s.req.draft_hidden = h[last_row[i]].clone()
+                dslot.append(self._slot(r, p + 1))
+            if L.pad:
+                for d in range(1, D + 1):
+                    p = n - 1 + d
+                    base.append(L.row0 + L.n_new - 1)
+                    dsel.append(d)
+                    vreq.append(L.vi)
+                    emj.append(d)
+                    htok.append(0)
+                    dpos.append(p)
+                    dslot.append(self._slot(r, p + 1) if d <= L.depth else -1)
+                last.append(len(base) - 1 - D)
+                lastadd.append(L.vi)
+            else:
+                last.append(len(base) - 1)
+                lastadd.append(-1)
+        if not base:
+            return None
+        arr = np.array([base, dsel, vreq, emj, htok, dpos, dslot], dtype=np.int64)
+        return {"arr": stg.add(arr, torch.int64), "last": stg.add(np.array([last, lastadd]), torch.int64),
+                "rows": stg.add([r.row for r in reqs], torch.int64)}
+
+    def _run_refresh(self, refresh, aux, path, emitted, count) -> None:
+        base, dsel, vreq, emj, htok, dpos, dslot = refresh["arr"].t
+        last, lastadd = refresh["last"].t
+        row = base
+        tok = htok
+        if path is not None:
+            row = base + torch.where(dsel > 0, path[vreq, dsel.clamp(max=path.shape[1] - 1)], 0)
+            em = emitted[vreq, emj.clamp(min=0)]
+            tok = torch.where(emj >= 0, em, htok)
+            valid = (emj < 0) | (emj < count[vreq])
+            dslot = torch.where(valid, dslot, torch.full_like(dslot, -1))
+            last = last + torch.where(lastadd >= 0, count[lastadd.clamp(min=0)] - 1, 0)
+        h = self.draft.project(aux[row])
+        self.draft.write_kv(h, tok, dpos, self.draft_cache, dslot)
+        self.rows.draft_hidden[refresh["rows"].t] = h[last]

@@ -81,6 +81,14 @@ class RotaryEmbedding(torch.nn.Module):
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 
 
+    def cos_sin_cache(self, max_positions: int, device: torch.device) -> torch.Tensor:
+        """[max_positions, rot_dim] float32: cos(freqs) | sin(freqs), attention scaling applied
+        (the layout `fused_ops.rotary_qkv_store` reads by position)."""
+        pos = torch.arange(max_positions, dtype=torch.float32)
+        freqs = pos.unsqueeze(-1) * self.inv_freq.unsqueeze(0)
+        return (torch.cat([freqs.cos(), freqs.sin()], dim=-1) * self.attention_scaling).to(device)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, H, D]; cos/sin: [T, rot_dim] (neox / HF 'rotate_half' layout)."""
     rot = cos.shape[-1]

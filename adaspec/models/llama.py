@@ -1,9 +1,14 @@
 """Llama-family decoder (Llama incl. Llama-3 rope scaling, Qwen2 qkv bias, Qwen3 q/k norm,
 Mistral sliding window) over a paged KV cache.
 
-`forward(input_ids, meta, kv_caches, capture)` takes a flat varlen batch and returns the final
-normed hidden states plus, when `capture` lists layer indices, the *inputs* of those layers
-(pre-norm residual stream) concatenated — the features an EAGLE-3 head consumes.
+`forward(input_ids, positions)` takes a flat varlen batch (everything else it needs, the
+attention metadata and the KV caches, comes from the forward context) and returns the final
+normed hidden states plus, when `self.capture` lists layer indices, the *inputs* of those
+layers (pre-norm residual stream) concatenated: the features an EAGLE-3 head consumes.
+
+Inference runs fused: `fuse()` (called once after loading) merges q/k/v and gate/up into one
+matrix each; RMSNorm carries the residual add, rotary is applied together with the KV store
+(adaspec/layers/fused_ops.py). Unfused modules still work (the EAGLE-3 trainer uses them).
 """
 from __future__ import annotations
 
@@ -13,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adaspec.layers.attention import AttentionMetadata
-from adaspec.layers.rotary import RotaryEmbedding, apply_rotary
+from adaspec.layers import fused_ops
+from adaspec.layers.attention import get_forward_context
+from adaspec.layers.rotary import RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -55,11 +61,23 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Without `residual`: RMSNorm(x). With it: (RMSNorm(x + residual), x + residual)."""
+        out, res = fused_ops.rms_norm(x, self.weight, self.eps, residual)
+        return out if residual is None else (out, res)
+
+
+def merge_linears(parts: list[nn.Linear]) -> nn.Linear:
+    """One Linear whose output is the concatenation of `parts`' outputs (weights moved, not copied twice)."""
+    w = torch.cat([p.weight.data for p in parts], dim=0)
+    bias = parts[0].bias is not None
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=bias, device=w.device, dtype=w.dtype)
+    lin.weight.data = w
+    if bias:
+        lin.bias.data = torch.cat([p.bias.data for p in parts], dim=0)
+    for p in parts:  # free the originals' storage now, not at the next GC
+        p.weight.data = torch.empty(0, device=w.device, dtype=w.dtype)
+    return lin
 
 
 class MLP(nn.Module):
@@ -68,15 +86,23 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.gate_up_proj: nn.Linear | None = None
+
+    def fuse(self) -> None:
+        self.gate_up_proj = merge_linears([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class Attention(nn.Module):
-    """Multi-head attention with GQA. `in_dim` differs from hidden for the EAGLE-3 layer (2H)."""
+    """Multi-head attention with GQA. `in_dim` differs from hidden for the EAGLE-3 layer (2H).
+    `layer_id` picks this layer's cache from the forward context."""
 
-    def __init__(self, spec: ModelSpec, window: int | None, in_dim: int | None = None):
+    def __init__(self, spec: ModelSpec, window: int | None, in_dim: int | None = None, layer_id: int = 0):
         super().__init__()
         self.nh, self.nkv, self.hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
         in_dim = in_dim or spec.hidden_size
@@ -90,38 +116,56 @@ class Attention(nn.Module):
         self.qk_norm = spec.qk_norm
         self.window = window
         self.scale = self.hd ** -0.5
+        self.layer_id = layer_id
+        self.qkv_proj: nn.Linear | None = None
 
-    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K (rotated) and V for x — all that's needed to fill the cache."""
-        T = x.shape[0]
-        k = self.k_proj(x).view(T, self.nkv, self.hd)
-        if self.qk_norm:
-            k = self.k_norm(k)
-        return apply_rotary(k, cos, sin), self.v_proj(x).view(T, self.nkv, self.hd)
+    def fuse(self) -> None:
+        self.qkv_proj = merge_linears([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
 
-    def forward(self, x, cos, sin, meta: AttentionMetadata, cache: tuple, backend, block_size: int):
-        T = x.shape[0]
-        q = self.q_proj(x).view(T, self.nh, self.hd)
-        if self.qk_norm:
-            q = self.q_norm(q)
-        q = apply_rotary(q, cos, sin)
-        k, v = self.kv(x, cos, sin)
-        backend.write(cache[0], cache[1], k, v, meta)
-        o = backend.forward(q, cache[0], cache[1], meta, self.scale, block_size, self.window)
-        return self.o_proj(o.reshape(T, self.nh * self.hd))
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x)
+        else:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        if self.qk_norm:  # Qwen3: per-head RMSNorm of q and k before rotary
+            T = x.shape[0]
+            q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
+            q = self.q_norm(q.reshape(T, self.nh, self.hd)).reshape(T, -1)
+            k = self.k_norm(k.reshape(T, self.nkv, self.hd)).reshape(T, -1)
+            qkv = torch.cat([q, k, v], dim=-1)
+        return qkv
+
+    def store_kv(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, cache: tuple,
+                 slot_mapping: torch.Tensor) -> None:
+        """Rotate and store K/V for x at `slot_mapping` without attention (the EAGLE-3 draft
+        refresh). Computes q too: cheap next to the step, and one code path."""
+        fused_ops.rotary_qkv_store(self._qkv(x), positions, cos_sin, self.nh, self.nkv, self.hd, cache[0],
+                                   cache[1], slot_mapping)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+        ctx = get_forward_context()
+        kc, vc = ctx.kv_caches[self.layer_id]
+        q = fused_ops.rotary_qkv_store(self._qkv(x), positions, cos_sin, self.nh, self.nkv, self.hd, kc, vc,
+                                       ctx.meta.slot_mapping)
+        o = ctx.backend.forward(q, kc, vc, ctx.meta, self.scale, self.window)
+        return self.o_proj(o.reshape(x.shape[0], self.nh * self.hd))
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int):
         super().__init__()
-        self.self_attn = Attention(spec, spec.sliding_windows[layer_idx])
+        self.self_attn = Attention(spec, spec.sliding_windows[layer_idx], layer_id=layer_idx)
         self.mlp = MLP(spec.hidden_size, spec.intermediate_size)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
-    def forward(self, h, cos, sin, meta, cache, backend, block_size):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, meta, cache, backend, block_size)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, x, residual, positions, cos_sin):
+        """x = input_layernorm(h) with residual = h (the layer's input). Returns (mlp output,
+        residual): the next layer's input is their sum, which its own norm fuses."""
+        x = self.self_attn(x, positions, cos_sin)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -137,23 +181,40 @@ class LlamaForCausalLM(nn.Module):
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_parameters, spec.max_position)
+        self.capture: tuple[int, ...] = ()   # layers whose inputs the EAGLE-3 head reads
+        self.cos_sin: torch.Tensor | None = None
 
     # Checkpoint names are "model.layers.0..." for the body and "lm_head.weight".
     def checkpoint_name(self, param_name: str) -> str:
         return param_name if param_name.startswith("lm_head") else "model." + param_name
 
-    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_caches: list, backend,
-                block_size: int, capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def fuse(self) -> None:
+        """Merge q/k/v and gate/up of every layer (after loading, before serving)."""
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+
+    def prepare_rotary(self, max_positions: int, device: torch.device) -> None:
+        self.cos_sin = self.rotary.cos_sin_cache(max_positions, device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        cos_sin = self.cos_sin
+        if cos_sin is None or cos_sin.device != input_ids.device:
+            self.prepare_rotary(self.spec.max_position, input_ids.device)
+            cos_sin = self.cos_sin
         h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(meta.positions, h.dtype)
+        residual = None
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
-            if i in capture:
-                captured[i] = h
-            h = layer(h, cos, sin, meta, kv_caches[i], backend, block_size)
-        captured[len(self.layers)] = h
-        aux = torch.cat([captured[i] for i in capture], dim=-1) if capture else None
-        return self.norm(h), aux
+            x, residual = layer.input_layernorm.forward(h, residual) if residual is not None else \
+                (layer.input_layernorm(h), h)
+            if i in self.capture:
+                captured[i] = residual
+            h, residual = layer(x, residual, positions, cos_sin)
+        out, residual = self.norm(h, residual)
+        captured[len(self.layers)] = residual
+        aux = torch.cat([captured[i] for i in self.capture], dim=-1) if self.capture else None
+        return out, aux
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

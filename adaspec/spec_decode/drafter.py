@@ -1,4 +1,7 @@
-"""Drafting with an EAGLE-3 head: chains (topk = 1) and trees (topk > 1), SGLang semantics.
+"""Tree drafting (topk > 1) with an EAGLE-3 head, SGLang semantics. Chains (topk = 1) are
+drafted on the device without host round trips by the runner (`ModelRunner._run_chain`);
+trees need a host decision per depth (which candidates form the frontier), so this drafter
+reads each step's top-k back.
 
 Draft-cache layout (shared block table with the target): the pair (hidden_p, token_{p+1})
 lives at draft slot p + 1 with rotary position p; slot 0 is never read (kv_start = 1). This
@@ -19,9 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adaspec.engine.kv_cache import block_table_tensor, slot_of
+import numpy as np
+
+from adaspec.engine.input_batch import Staging, stage_forward
+from adaspec.engine.kv_cache import slot_of
 from adaspec.engine.request import Request
-from adaspec.layers.attention import AttentionMetadata
+from adaspec.layers.attention import ForwardContext, forward_context
 from adaspec.spec_decode.eagle3 import Eagle3Head
 from adaspec.spec_decode.tree import DraftShape, DraftTree
 
@@ -44,34 +50,39 @@ class _ReqState:
     frontier: list[int] = field(default_factory=list)
 
 
-class Drafter:
-    def __init__(self, head: Eagle3Head, backend, block_size: int, device: torch.device):
+class TreeDrafter:
+    def __init__(self, head: Eagle3Head, backend, block_size: int, device: torch.device, group: int):
         self.head = head
         self.backend = backend
         self.block_size = block_size
         self.device = device
+        self.group = group
+        self.stg = Staging(1 << 20, device)
 
     def slot(self, req: Request, idx: int) -> int:
         return slot_of(req, idx, self.block_size)
 
-    def block_tables(self, reqs: list[Request]) -> torch.Tensor:
-        return block_table_tensor(reqs, self.device)
+    def _forward(self, rows, h, tokens, **kw):
+        self.stg.begin()
+        meta, ids, pos = stage_forward(self.stg, self.backend, rows.block_table, self.block_size, self.group,
+                                       input_ids=tokens, **kw)
+        self.stg.commit()
+        with forward_context(ForwardContext(meta, self.backend, [self.cache])):
+            return self.head(h, ids, pos)
 
     @torch.inference_mode()
-    def propose(self, reqs: list[tuple[Request, DraftShape]], cache: tuple) -> list[DraftTree]:
+    def propose(self, reqs: list[tuple[Request, DraftShape]], hidden: torch.Tensor, cache: tuple,
+                rows) -> list[DraftTree]:
+        """`hidden` [B, H]: each request's draft hidden state at its last pair."""
+        self.cache = cache
         states = [_ReqState(r, s) for r, s in reqs]
-        dev = self.device
-        # ---- step 0: one query per request at its last pair ----
         rs = [st.req for st in states]
-        n = [r.num_tokens for r in rs]
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor([self.slot(r, k - 1) for r, k in zip(rs, n)], device=dev),
-            query_start=list(range(len(rs) + 1)), context_lens=n, kv_start=[1] * len(rs),
-            cache_index=torch.tensor([k - 1 for k in n], device=dev), block_tables=self.block_tables(rs),
-            custom_masks=[None] * len(rs), positions=torch.tensor([k - 2 for k in n], device=dev))
-        h = torch.stack([r.draft_hidden for r in rs])
-        toks = torch.tensor([r.all_token_ids[-1] for r in rs], device=dev)
-        logits, g = self.head(h, toks, meta, cache, self.backend, self.block_size)
+        n = np.array([r.num_tokens for r in rs])
+        # ---- step 0: one query per request at its last pair ----
+        logits, g = self._forward(
+            rows, hidden, [r.all_token_ids[-1] for r in rs], q_lens=[1] * len(rs), ctx_len=n,
+            kv_start=[1] * len(rs), req_row=[r.row for r in rs], positions=n - 2, cache_index=n - 1,
+            slots=[self.slot(r, k - 1) for r, k in zip(rs, n)])
         self._expand(states, list(range(len(states))), [[-1] for _ in states], logits, depth=1)
         prev_g = g
         # ---- steps 1..num_steps-1: expand each request's frontier ----
@@ -80,22 +91,23 @@ class Drafter:
             if not active:
                 break
             q_tokens, q_hidden_rows, slots, positions, cache_index = [], [], [], [], []
-            query_start, ctx, masks, owners, who = [0], [], [], [], []
+            query_start, ctx, mstart, moff, masks, owners, who = [0], [], [], [], [], [], []
+            off = 0
             for k in active:
                 st = states[k]
                 r, nk, tk = st.req, st.req.num_tokens, st.shape.topk
                 depth_i = [c for c, cd in enumerate(st.cands) if cd.depth == i]
                 depth_i.sort(key=lambda c: -st.cands[c].score)
                 st.frontier = depth_i[:tk]
-                ctx_len = nk + i * tk
-                m = torch.zeros(len(st.frontier), ctx_len, dtype=torch.bool)
-                m[:, 1:nk] = True
+                region = i * tk   # frontier slots of steps 1..i: nk .. nk + i*tk - 1
+                m = np.zeros((len(st.frontier), region), dtype=np.uint8)
                 for row, c in enumerate(st.frontier):
                     cd = st.cands[c]
                     cd.slot = nk + (i - 1) * tk + row
                     a = c
                     while a >= 0:
-                        m[row, st.cands[a].slot] = True
+                        if st.cands[a].slot >= nk:
+                            m[row, st.cands[a].slot - nk] = 1
                         a = st.cands[a].parent
                     q_tokens.append(cd.token)
                     q_hidden_rows.append(cd.hidden_row)
@@ -104,16 +116,17 @@ class Drafter:
                     cache_index.append(cd.slot)
                     who.append(c)
                 query_start.append(len(q_tokens))
-                ctx.append(ctx_len)
-                masks.append(m.to(dev))
+                ctx.append(nk + region)
+                mstart.append(nk)
+                moff.append(off)
+                off += m.size
+                masks.append(m.reshape(-1))
                 owners.append(k)
-            meta = AttentionMetadata(
-                slot_mapping=torch.tensor(slots, device=dev), query_start=query_start, context_lens=ctx,
-                kv_start=[1] * len(owners), cache_index=torch.tensor(cache_index, device=dev),
-                block_tables=self.block_tables([states[k].req for k in owners]), custom_masks=masks,
-                positions=torch.tensor(positions, device=dev))
-            h = prev_g[torch.tensor(q_hidden_rows, device=dev)]
-            logits, g = self.head(h, torch.tensor(q_tokens, device=dev), meta, cache, self.backend, self.block_size)
+            h = prev_g[torch.tensor(q_hidden_rows, device=self.device)]
+            logits, g = self._forward(
+                rows, h, q_tokens, q_lens=np.diff(query_start), ctx_len=ctx, kv_start=[1] * len(owners),
+                req_row=[states[k].req.row for k in owners], positions=positions, cache_index=cache_index,
+                slots=slots, mask_start=mstart, mask_offset=moff, mask=np.concatenate(masks))
             parents = [who[query_start[j]:query_start[j + 1]] for j in range(len(owners))]
             self._expand(states, owners, parents, logits, depth=i + 1, row_offsets=query_start)
             prev_g = g

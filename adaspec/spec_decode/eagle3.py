@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from adaspec.layers.attention import AttentionMetadata
 from adaspec.layers.rotary import RotaryEmbedding
 from adaspec.models.llama import MLP, Attention, ModelSpec, RMSNorm
 from adaspec.models.loader import init_dummy, load_state
@@ -64,23 +63,32 @@ class Eagle3Head(nn.Module):
         """Target features [T, 3H_t] -> draft hidden [T, H] (the first step's input)."""
         return self.fc(aux.to(self.fc.weight.dtype))
 
-    def write_kv(self, h: torch.Tensor, tokens: torch.Tensor, meta: AttentionMetadata,
-                 cache: tuple, backend) -> None:
+    def fuse(self) -> None:
+        self.midlayer.self_attn.fuse()
+        self.midlayer.mlp.fuse()
+
+    def prepare_rotary(self, max_positions: int, device: torch.device) -> None:
+        self.cos_sin = self.rotary.cos_sin_cache(max_positions, device)
+
+    def _cos_sin(self, device: torch.device) -> torch.Tensor:
+        if getattr(self, "cos_sin", None) is None or self.cos_sin.device != device:
+            self.prepare_rotary(self.spec.max_position, device)
+        return self.cos_sin
+
+    def write_kv(self, h: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache: tuple,
+                 slot_mapping: torch.Tensor) -> None:
         """Keep the draft cache fresh without running attention, MLP or lm_head: K and V of a
         pair depend only on the pair itself. This is the whole per-step cost of a request
-        that does not speculate."""
+        that does not speculate. Negative slots are skipped."""
         x = self.midlayer.attn_input(self.embed(tokens), h)
-        cos, sin = self.rotary.cos_sin(meta.positions, x.dtype)
-        k, v = self.midlayer.self_attn.kv(x, cos, sin)
-        backend.write(cache[0], cache[1], k, v, meta)
+        self.midlayer.self_attn.store_kv(x, positions, self._cos_sin(x.device), cache, slot_mapping)
 
-    def forward(self, h: torch.Tensor, tokens: torch.Tensor, meta: AttentionMetadata, cache: tuple,
-                backend, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft step. Returns (draft logits over the draft vocabulary, pre-norm hidden)."""
+    def forward(self, h: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step (metadata and cache from the forward context). Returns (draft logits
+        over the draft vocabulary, pre-norm hidden)."""
         layer = self.midlayer
         x = layer.attn_input(self.embed(tokens), h)
-        cos, sin = self.rotary.cos_sin(meta.positions, x.dtype)
-        h = h + layer.self_attn(x, cos, sin, meta, cache, backend, block_size)
+        h = h + layer.self_attn(x, positions, self._cos_sin(x.device))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm_head(self.norm(h)).float(), h
 

@@ -1,0 +1,120 @@
+"""CUDA graphs of the target forward for uniform batches (every request has the same number
+of query rows q): decode (q = 1) and verification (q = k + 1 for chains, N for trees), at
+batch-size buckets up to `max_num_seqs`. One memory pool is shared by all graphs (captured
+largest first). A batch between buckets is padded with requests that have no keys and
+write no KV. Anything else (prefill, mixed steps, shapes over the token cap) runs eagerly.
+
+Capture reuses the runner's own staging: the target forward's metadata is always the first
+thing staged in a step, so a replayed graph reads the same addresses the step just filled.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from adaspec.engine.input_batch import stage_forward
+from adaspec.layers.attention import ForwardContext, forward_context
+
+log = logging.getLogger("adaspec")
+
+MAX_GRAPH_TOKENS = 2048
+
+
+def batch_buckets(max_bs: int) -> list[int]:
+    sizes = [1, 2, 4, 8] + list(range(16, 64, 8)) + list(range(64, 128, 16)) + list(range(128, 1025, 32))
+    return sorted({b for b in sizes if b <= max_bs} | {max_bs})
+
+
+class _Graph:
+    def __init__(self, batch: int, q: int, graph, logits, aux):
+        self.batch, self.q, self.graph, self.logits, self.aux = batch, q, graph, logits, aux
+
+    def replay(self):
+        self.graph.replay()
+        return self.logits, self.aux
+
+
+class CudaGraphs:
+    def __init__(self, runner):
+        self.runner = runner
+        self.graphs: dict[tuple[int, int, bool], _Graph] = {}
+        self.pool = None
+        self.capture_seconds = 0.0
+        self.memory_bytes = 0
+
+    def shapes(self) -> list[tuple[int, bool]]:
+        """(q, tree) pairs the policies can ask for: decode, every chain length up to the
+        configured one, and the configured tree."""
+        r = self.runner
+        out = [(1, False)]
+        if r.draft is not None:
+            spc = r.cfg.spec
+            if spc.topk == 1:
+                out += [(k + 1, False) for k in range(1, spc.num_steps + 1)]
+            else:
+                out += [(spc.resolved_num_draft_tokens, True)]
+                # auto may fall back to chains of the same depth budget
+                out += [(k + 1, False) for k in range(1, spc.num_steps + 1)]
+        return out
+
+    def capture_all(self) -> None:
+        r = self.runner
+        t0 = time.perf_counter()
+        torch.cuda.synchronize()
+        free0 = torch.cuda.mem_get_info()[0]
+        self.pool = torch.cuda.graph_pool_handle()
+        todo = [(b, q, tree) for q, tree in self.shapes() for b in batch_buckets(r.cfg.scheduler.max_num_seqs)
+                if b * q <= MAX_GRAPH_TOKENS]
+        for b, q, tree in sorted(todo, key=lambda x: -x[0] * x[1]):
+            self.graphs[(b, q, tree)] = self._capture(b, q, tree)
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - t0
+        self.memory_bytes = free0 - torch.cuda.mem_get_info()[0]
+        log.info("captured %d CUDA graphs in %.1f s, %.2f GiB", len(self.graphs), self.capture_seconds,
+                 self.memory_bytes / 2**30)
+
+    def lookup(self, q_lens: list[int], tree: bool) -> _Graph | None:
+        if not q_lens or any(q != q_lens[0] for q in q_lens):
+            return None
+        q, B = q_lens[0], len(q_lens)
+        for b in batch_buckets(self.runner.cfg.scheduler.max_num_seqs):
+            if b >= B:
+                return self.graphs.get((b, q, tree))
+        return None
+
+    def _stage_dummy(self, b: int, q: int, tree: bool):
+        r = self.runner
+        T = b * q
+        stg = r.stg
+        stg.begin()
+        N = q
+        return stage_forward(
+            stg, r.backend, r.rows.block_table, r.block_size, r.group, q_lens=[q] * b, ctx_len=[0] * b,
+            kv_start=[0] * b, req_row=[r.rows.pad_row] * b, positions=np.zeros(T, np.int64),
+            cache_index=np.zeros(T, np.int64), slots=np.full(T, -1, np.int64), input_ids=np.zeros(T, np.int64),
+            mask_start=[0] * b if tree else None, mask_offset=[0] * b if tree else None,
+            mask=np.zeros(b * N * N, np.uint8) if tree else None)
+
+    @torch.inference_mode()
+    def _capture(self, b: int, q: int, tree: bool) -> _Graph:
+        r = self.runner
+        meta, ids, pos = self._stage_dummy(b, q, tree)
+        r.stg.commit()
+
+        def run():
+            with forward_context(ForwardContext(meta, r.backend, r.kv_caches)):
+                hidden, aux = r.model(ids, pos)
+            return r.model.lm_head(hidden), aux
+
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            run()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool):
+            logits, aux = run()
+        return _Graph(b, q, g, logits, aux)

@@ -1,0 +1,162 @@
+"""Persistent device batch state and the per-step host->device staging.
+
+`DeviceRows`: every running request owns a row (`req.row`) of preallocated device tensors
+that persist across steps: its block table (int32, updated incrementally: only blocks the
+device has not seen yet are sent) and its EAGLE-3 draft hidden state. Rows of requests that
+stopped running are reclaimed lazily, when rows run out.
+
+`Staging`: everything a step needs on the device (token ids, positions, slots, attention
+metadata of every forward in the step, block-table updates, random draws) is packed into one
+pinned host buffer and sent with ONE non-blocking copy; the device side is a set of views of
+one static buffer. Fields are laid out in the order they are added, so a step whose target
+forward has the same shape as a captured CUDA graph finds its metadata at the same
+addresses the graph reads (the target's fields are always added first).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from adaspec.engine.request import Request, Status
+
+_ALIGN = 16
+
+
+class Staging:
+    def __init__(self, nbytes: int, device: torch.device):
+        self.device = device
+        pin = device.type == "cuda"
+        self.host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.host_np = self.host.numpy()
+        self.dev = torch.empty(nbytes, dtype=torch.uint8, device=device) if pin else self.host
+        self.nbytes = nbytes
+        self.offset = 0
+        self.pending: list[tuple[str, int, int, torch.dtype, tuple]] = []
+
+    def begin(self) -> None:
+        self.offset = 0
+        self.pending = []
+
+    def add(self, array, dtype: torch.dtype) -> "_Ref":
+        """Stage `array` (anything numpy accepts) as `dtype`; returns a handle whose `.t` is the
+        device tensor after `commit()`."""
+        np_dtype = {torch.int64: np.int64, torch.int32: np.int32, torch.uint8: np.uint8,
+                    torch.float32: np.float32}[dtype]
+        a = np.asarray(array, dtype=np_dtype)
+        n = a.nbytes
+        start = self.offset
+        end = start + n
+        if end > self.nbytes:
+            raise RuntimeError(f"step staging buffer overflow ({end} > {self.nbytes} bytes)")
+        self.host_np[start:end] = a.reshape(-1).view(np.uint8)
+        self.offset = (end + _ALIGN - 1) // _ALIGN * _ALIGN
+        return _Ref(self, start, a.size, dtype, a.shape)
+
+    def commit(self) -> None:
+        """One host->device copy of everything staged since `begin()`."""
+        if self.dev is not self.host and self.offset:
+            self.dev[: self.offset].copy_(self.host[: self.offset], non_blocking=True)
+
+
+class _Ref:
+    __slots__ = ("stg", "start", "size", "dtype", "shape")
+
+    def __init__(self, stg: Staging, start: int, size: int, dtype: torch.dtype, shape: tuple):
+        self.stg, self.start, self.size, self.dtype, self.shape = stg, start, size, dtype, shape
+
+    @property
+    def t(self) -> torch.Tensor:
+        el = torch.tensor([], dtype=self.dtype).element_size()
+        raw = self.stg.dev[self.start: self.start + self.size * el]
+        return raw.view(self.dtype).view(self.shape)
+
+
+class DeviceRows:
+    """Per-request rows of persistent device state."""
+
+    def __init__(self, num_rows: int, max_blocks: int, device: torch.device, draft_hidden: int | None,
+                 dtype: torch.dtype):
+        self.num_rows = num_rows
+        self.block_table = torch.zeros(num_rows + 1, max_blocks, dtype=torch.int32, device=device)
+        self.max_blocks = max_blocks
+        self.draft_hidden = (torch.zeros(num_rows + 1, draft_hidden, dtype=dtype, device=device)
+                             if draft_hidden else None)
+        self.owner: list[Request | None] = [None] * num_rows
+        self.free = list(range(num_rows - 1, -1, -1))
+        self.pad_row = num_rows  # all zeros, used by padding requests of CUDA graphs
+
+    def row_of(self, req: Request) -> int:
+        if req.row >= 0 and self.owner[req.row] is req:
+            return req.row
+        if not self.free:
+            self._reclaim()
+        row = self.free.pop()
+        self.owner[row] = req
+        req.row = row
+        req.table_synced = 0
+        return row
+
+    def _reclaim(self) -> None:
+        for row, r in enumerate(self.owner):
+            if r is not None and r.status != Status.RUNNING:
+                self.owner[row] = None
+                r.row = -1
+                self.free.append(row)
+        if not self.free:
+            raise RuntimeError("more running requests than device rows")
+
+    def table_updates(self, reqs: list[Request]) -> np.ndarray | None:
+        """Flat (index, block) pairs of block-table entries the device has not seen."""
+        idx, val = [], []
+        for r in reqs:
+            n = len(r.block_ids)
+            if r.table_synced < n:
+                if n > self.max_blocks:
+                    raise RuntimeError(f"request {r.request_id} needs {n} blocks > table width {self.max_blocks}")
+                base = r.row * self.max_blocks
+                idx.extend(range(base + r.table_synced, base + n))
+                val.extend(r.block_ids[r.table_synced:])
+                r.table_synced = n
+        if not idx:
+            return None
+        return np.array([idx, val], dtype=np.int64)
+
+    def apply_updates(self, upd: torch.Tensor | None) -> None:
+        if upd is not None:
+            self.block_table.view(-1).index_copy_(0, upd[0], upd[1].to(torch.int32))
+
+
+def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: int, group: int, *,
+                  q_lens, ctx_len, kv_start, req_row, positions, cache_index, slots, input_ids=None,
+                  mask_start=None, mask_offset=None, mask=None):
+    """Stage one forward's inputs; returns (AttnMeta, input_ids or None, positions) as device
+    views (valid once `stg.commit()` ran). Per-request arrays have one entry per request,
+    per-row arrays one per query row (see AttnMeta for the meaning)."""
+    from adaspec.layers.attention import AttnMeta, launch_plan
+
+    q_lens = np.asarray(q_lens, dtype=np.int64)
+    ctx = np.asarray(ctx_len, dtype=np.int64)
+    max_q = int(q_lens.max()) if len(q_lens) else 0
+    bq = backend.block_q(max(1, max_q), group)
+    prog_req, prog_q0 = launch_plan(q_lens, bq)
+    qs = np.zeros(len(q_lens) + 1, dtype=np.int64)
+    np.cumsum(q_lens, out=qs[1:])
+    ids = stg.add(input_ids, torch.int64) if input_ids is not None else None
+    pos = stg.add(positions, torch.int64)
+    slot = stg.add(slots, torch.int64)
+    ci = stg.add(cache_index, torch.int32)
+    per_req = stg.add(np.stack([ctx, np.asarray(kv_start), np.asarray(req_row),
+                                ctx if mask_start is None else np.asarray(mask_start),
+                                np.zeros_like(ctx) if mask_offset is None else np.asarray(mask_offset)]),
+                      torch.int32)
+    q_start = stg.add(qs, torch.int32)
+    progs = stg.add(np.stack([prog_req, prog_q0]) if len(prog_req) else np.zeros((2, 0)), torch.int32)
+    m = stg.add(mask if mask is not None and len(mask) else np.zeros(1), torch.uint8)
+    pr = per_req.t
+    pg = progs.t
+    meta = AttnMeta(
+        positions=pos.t, cache_index=ci.t, slot_mapping=slot.t, query_start=q_start.t,
+        ctx_len=pr[0], kv_start=pr[1], req_row=pr[2], mask_start=pr[3], mask_offset=pr[4],
+        block_table=block_table, mask=m.t, prog_req=pg[0], prog_q0=pg[1], block_q=bq,
+        block_size=block_size, max_ctx_len=int(ctx.max()) if len(ctx) else 0, max_q_len=max_q)
+    return meta, (ids.t if ids is not None else None), pos.t
