@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -59,7 +58,8 @@ class Engine:
         self.last_draft_len = 0
         self._ids = itertools.count()
         if self.runner.draft is not None and hasattr(self.policy, "warm_up"):
-            self.policy.warm_up(self)
+            from adaspec.spec_decode.profile import profile_step_times
+            self.policy.warm_up(lambda shapes: profile_step_times(self, shapes))
 
     @classmethod
     def from_kwargs(cls, model: str, **kw) -> "Engine":
@@ -120,10 +120,9 @@ class Engine:
         failed = [r for r in self.requests.values() if r.is_finished and r.error]
         if plan.empty:
             return self._outputs(failed)
-        t0 = time.perf_counter()
         results = self.runner.execute(plan)
         changed = self.scheduler.postprocess(plan, results)
-        self._observe(plan, results, time.perf_counter() - t0)
+        self._observe(plan, results, self.runner.last_step_time)
         return self._outputs(failed + changed)
 
     def _observe(self, plan: StepPlan, results: list[StepResult], elapsed: float) -> None:

@@ -18,6 +18,7 @@ verify batches stay uniform and graph-friendly.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,6 +106,7 @@ class ModelRunner:
         self.rows: DeviceRows | None = None
         self.graphs = None
         self.max_model_len = 0
+        self.last_step_time = 0.0
 
     def setup(self, max_model_len: int) -> None:
         """Size the persistent device state for `max_model_len` (called once by the engine)."""
@@ -154,6 +156,30 @@ class ModelRunner:
     # ---- the step -------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> list[StepResult]:
+        """Run one step; `self.last_step_time` is its device time in seconds (CUDA events: an
+        event enqueued at the start fires when the stream reaches it, so the span counts host
+        preparation only while the device waits for it, which stays right under overlap)."""
+        timer = self._timer_start()
+        results = self._execute(plan)
+        self.last_step_time = self._timer_end(timer)
+        return results
+
+    def _timer_start(self):
+        if self.device.type == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def _timer_end(self, start) -> float:
+        if self.device.type == "cuda":
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        return time.perf_counter() - start
+
+    def _execute(self, plan: StepPlan) -> list[StepResult]:
         sched = plan.scheduled
         reqs = [s.req for s in sched]
         rows = [self.rows.row_of(r) for r in reqs]

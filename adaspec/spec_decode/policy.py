@@ -209,10 +209,11 @@ class AutoPolicy(SpeculationPolicy):
                 "goodput": {d: round(v, 2) for d, v in self.last_goodputs.items()}}
 
     # ---- start-up profile -----------------------------------------------------------------
-    def warm_up(self, engine) -> None:
+    def warm_up(self, profile) -> None:
+        """`profile(shapes)` -> {(batch size, depth index): seconds}: measured step times that
+        seed the cost table before the first request."""
         if self.cfg.auto_profile:
-            from adaspec.spec_decode.profile import profile_step_times
-            for (b, d), t in profile_step_times(engine, self.shapes).items():
+            for (b, d), t in profile(self.shapes).items():
                 self.times[(d, self.bucket(b))] = t
 
 

@@ -1,0 +1,211 @@
+"""GPU fast-path benchmark (issue 9): every target as a ratio measured in one run.
+
+    python3 physics_probe.py --batch 1,16,64,256 --q 1,4,16 --ctx 512 --json physics.json
+    python3 benchmarks/gpu_fast_path.py --physics physics.json --out result.json [--hf hf_cb.json]
+
+Llama-3.1-8B shape, bf16, random weights (`load_format=dummy`), 512-token prompts;
+speculation with a simulated acceptance rate of 0.8 (the cost side is real). Measures:
+  1. step time of decode (b = 1, 16, 64, 256) and of verification (chain 3: q = 4, the
+     16-token tree: q = 16; b = 1, 16, 64), whole engine step and target forward alone,
+     against physics_probe's T(b, q) from the same machine and session;
+  2. batch-1 `LLM.generate` tok/s (512 in, 256 out);
+  3. offline throughput at b = 256 (512 in, 256 out) against 256 / T(256, 1) and against
+     Hugging Face continuous batching (`--hf`, from hf_cb_probe.py in the same run);
+  4. `always` chain 3 vs `off` at b = 1;
+  5. start-up time (load + profile + graph capture) and graph memory.
+Writes JSON and a PNG next to it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from adaspec import LLM, SamplingParams
+
+TARGET = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+          "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+          "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+          "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+HEAD = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "vocab_size": 128256, "draft_vocab_size": 32000, "rms_norm_eps": 1e-5, "rope_theta": 500000.0}
+CTX = 512
+CONFIGS = {
+    "off": dict(),
+    "chain3": dict(speculation="always", num_steps=3, topk=1),
+    "tree16": dict(speculation="always", num_steps=2, topk=4, num_draft_tokens=16),
+}
+
+
+def write_dirs() -> tuple[str, str]:
+    tmp = Path(tempfile.mkdtemp())
+    for name, cfg in (("t", TARGET), ("d", HEAD)):
+        (tmp / name).mkdir()
+        (tmp / name / "config.json").write_text(json.dumps(cfg))
+    return str(tmp / "t"), str(tmp / "d")
+
+
+def make_llm(target: str, draft: str, config: str, max_num_seqs: int, **kw) -> tuple[LLM, float]:
+    t0 = time.perf_counter()
+    extra = dict(CONFIGS[config])
+    if config != "off":
+        extra.update(draft=draft, spec_simulate_accept_rate=0.8)
+    llm = LLM(target, load_format="dummy", device="cuda", dtype="bfloat16", max_num_seqs=max_num_seqs,
+              max_model_len=2048, **extra, **kw)
+    torch.cuda.synchronize()
+    return llm, time.perf_counter() - t0
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 128000, (CTX,), generator=g).tolist() for _ in range(n)]
+
+
+def step_times(llm: LLM, b: int, steps: int = 12) -> dict:
+    """Median wall time of steady-state engine steps with b decoding requests, and the
+    target forward alone (its CUDA graph replayed, CUDA events)."""
+    eng = llm.engine
+    for i, p in enumerate(prompts(b, seed=b)):
+        eng.add_request(f"st{b}-{i}", p, SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True))
+    while any(r.num_computed < len(r.prompt_token_ids) for r in eng.scheduler.running) or eng.scheduler.waiting:
+        eng.step()
+    for _ in range(3):
+        eng.step()
+    ts = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        eng.step()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    out = {"step_ms": statistics.median(ts) * 1e3}
+    runner = eng.runner
+    if runner.graphs is not None:
+        q = 1 + (eng.last_draft_len if eng.last_draft_len else 0)
+        tree = eng.config.spec.topk > 1 and eng.last_draft_len > 0
+        g = runner.graphs.lookup([q] * b, tree)
+        if g is not None:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            g.replay()
+            s.record()
+            for _ in range(10):
+                g.replay()
+            e.record()
+            torch.cuda.synchronize()
+            out["forward_ms"] = s.elapsed_time(e) / 10
+            out["graph"] = [g.batch, g.q, tree]
+    for rid in list(eng.requests):
+        eng.abort_request(rid)
+    return out
+
+
+def generate_tok_s(llm: LLM, b: int, out_len: int = 256) -> dict:
+    sp = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts(1, seed=99), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts(b, seed=7), sp)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    n = sum(len(o.token_ids) for o in outs)
+    st = llm.stats()
+    return {"batch": b, "output_tokens": n, "seconds": dt, "tok_s": n / dt, "accept_length": st["accept_length"]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--physics", required=True)
+    ap.add_argument("--hf", default=None)
+    ap.add_argument("--out", default="gpu_fast_path.json")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: steps,generate,throughput")
+    a = ap.parse_args(argv)
+    skip = set(filter(None, a.skip.split(",")))
+    phys = json.loads(Path(a.physics).read_text())["T_ms"]
+    target, draft = write_dirs()
+    res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ctx": CTX,
+                 "physics_T_ms": phys, "startup": {}, "steps": {}, "targets": {}}
+
+    def T(b, q):
+        v = phys.get(f"{b}x{q}")
+        return v if isinstance(v, (int, float)) else None
+
+    for config, batches in (("off", (1, 16, 64, 256)), ("chain3", (1, 16, 64)), ("tree16", (1, 16, 64))):
+        llm, startup = make_llm(target, draft, config, max_num_seqs=max(batches))
+        g = llm.engine.runner.graphs
+        res["startup"][config] = {"seconds": startup, "graphs": len(g.graphs) if g else 0,
+                                  "capture_seconds": g.capture_seconds if g else 0,
+                                  "graph_memory_GiB": g.memory_bytes / 2**30 if g else 0}
+        print(f"[{config}] start-up {startup:.1f} s, {res['startup'][config]}", flush=True)
+        if "steps" not in skip:
+            q = {"off": 1, "chain3": 4, "tree16": 16}[config]
+            for b in batches:
+                r = step_times(llm, b)
+                ref = T(b, q)
+                r.update(physics_ms=ref, step_ratio=r["step_ms"] / ref if ref else None,
+                         forward_ratio=r.get("forward_ms", 0) / ref if ref and "forward_ms" in r else None)
+                res["steps"][f"{config}:b{b}"] = r
+                print(f"[{config}] b={b} q={q}: {r}", flush=True)
+        if config == "off" and "generate" not in skip:
+            res["generate_b1_off"] = generate_tok_s(llm, 1)
+            print("generate b=1 off:", res["generate_b1_off"], flush=True)
+        if config == "off" and "throughput" not in skip:
+            res["throughput_b256_off"] = generate_tok_s(llm, 256)
+            print("throughput b=256 off:", res["throughput_b256_off"], flush=True)
+        if config == "chain3" and "generate" not in skip:
+            res["generate_b1_chain3"] = generate_tok_s(llm, 1)
+            print("generate b=1 chain3:", res["generate_b1_chain3"], flush=True)
+        del llm
+        torch.cuda.empty_cache()
+        Path(a.out).write_text(json.dumps(res, indent=1))
+
+    t = res["targets"]
+    if "generate_b1_off" in res:
+        t["2_b1_tok_s"] = res["generate_b1_off"]["tok_s"]
+    if "throughput_b256_off" in res and T(256, 1):
+        t["3_b256_vs_physics"] = res["throughput_b256_off"]["tok_s"] / (256 / (T(256, 1) / 1e3))
+        if a.hf and Path(a.hf).exists():
+            hf = json.loads(Path(a.hf).read_text()).get("paged|sdpa:256")
+            if isinstance(hf, (int, float)):
+                t["3_b256_vs_hf_cb"] = res["throughput_b256_off"]["tok_s"] / hf
+                res["hf_cb_256_tok_s"] = hf
+    if "generate_b1_chain3" in res and "generate_b1_off" in res:
+        t["4_chain3_vs_off_b1"] = res["generate_b1_chain3"]["tok_s"] / res["generate_b1_off"]["tok_s"]
+    t["5_startup_max_s"] = max(v["seconds"] for v in res["startup"].values())
+    t["5_graph_memory_max_GiB"] = max(v["graph_memory_GiB"] for v in res["startup"].values())
+    t["1_ratios"] = {k: (round(v["step_ratio"], 3) if v.get("step_ratio") else None,
+                         round(v["forward_ratio"], 3) if v.get("forward_ratio") else None)
+                     for k, v in res["steps"].items()}
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    print(json.dumps(t, indent=1))
+    try:
+        plot(res, Path(a.out).with_suffix(".png"))
+    except Exception as ex:  # a missing plot must not lose the JSON
+        print("plot failed:", ex)
+    return 0
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(res["steps"])
+    step = [res["steps"][k]["step_ratio"] or 0 for k in keys]
+    fwd = [res["steps"][k].get("forward_ratio") or 0 for k in keys]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    x = range(len(keys))
+    ax.bar([i - 0.2 for i in x], step, 0.4, label="engine step / T(b,q)")
+    ax.bar([i + 0.2 for i in x], fwd, 0.4, label="target forward (graph) / T(b,q)")
+    ax.axhline(1.15, color="red", ls="--", label="target 1.15x")
+    ax.set_xticks(list(x), keys, rotation=30)
+    ax.set_ylabel("ratio to physics probe")
+    ax.set_title(f"adaspec step time vs physics, {res['device']}, 8B shape, ctx {res['ctx']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
