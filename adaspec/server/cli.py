@@ -82,11 +82,14 @@ def serve_main(argv: list[str]) -> int:
             if not self.started:
                 return
             port = self.servers[0].sockets[0].getsockname()[1] if self.servers else args.port
-            total = int(app.state.aengine.stats.get("num_total_blocks", 0) or 0)
+            st = app.state.aengine.stats
+            total = int(st.get("num_total_blocks", 0) or 0)
+            graphs = (f"{st['cuda_graphs']} CUDA graphs ({st['cuda_graph_capture_s']} s, "
+                      f"{st['cuda_graph_memory_bytes'] / 2**30:.2f} GiB)" if st.get("cuda_graphs") else "eager")
             logger.info("adaspec serving %s | draft %s | speculation %s | KV capacity %d tokens "
-                        "(%d blocks x %d) | http://%s:%d", settings.served_model_name,
+                        "(%d blocks x %d) | %s attention, %s | http://%s:%d", settings.served_model_name,
                         cfg.spec.draft or "none", cfg.spec.policy, total * block_size, total,
-                        block_size, args.host, port)
+                        block_size, st.get("attention_backend", "?"), graphs, args.host, port)
 
     # uvicorn's own start/stop chatter stays below the one startup line unless debugging.
     uv_level = "debug" if args.log_level == "debug" else "warning"
