@@ -112,6 +112,11 @@ class AsyncEngine:
         return self.engine.config
 
     @property
+    def sampling_defaults(self) -> dict:
+        """Defaults for sampling fields a request leaves out (fixed at engine start)."""
+        return dict(getattr(self.engine, "sampling_defaults", {}))
+
+    @property
     def stats(self) -> dict:
         """The latest `engine.stats()` snapshot (a dict that is replaced, never mutated)."""
         return self._stats
