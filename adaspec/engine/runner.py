@@ -48,7 +48,9 @@ class ModelRunner:
         self.capture = self.draft.aux_layers if self.draft is not None else ()
         self.num_blocks = self._num_blocks()
         self.kv_caches = [self._alloc(self.spec.num_kv_heads, self.spec.head_dim) for _ in range(self.spec.num_layers)]
-        self.draft_cache = self._alloc(self.draft.spec.num_kv_heads, self.draft.spec.head_dim) if self.draft else None
+        # One (k, v) pair per draft layer (most heads have one layer).
+        self.draft_cache = ([self._alloc(self.draft.spec.num_kv_heads, self.draft.spec.head_dim)
+                             for _ in range(self.draft.num_layers)] if self.draft else None)
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.sim_generator = torch.Generator().manual_seed(cfg.spec.simulate_seed)
 
@@ -57,7 +59,7 @@ class ModelRunner:
         el = torch.tensor([], dtype=self.dtype).element_size()
         per_tok = 2 * self.spec.num_layers * self.spec.num_kv_heads * self.spec.head_dim * el
         if self.draft is not None:
-            per_tok += 2 * self.draft.spec.num_kv_heads * self.draft.spec.head_dim * el
+            per_tok += 2 * self.draft.num_layers * self.draft.spec.num_kv_heads * self.draft.spec.head_dim * el
         return per_tok * self.block_size
 
     def _num_blocks(self) -> int:
@@ -201,7 +203,7 @@ class ModelRunner:
         """Write the draft KV of every newly committed pair (hidden_p, token_{p+1}) at slot
         p + 1, from the target's own hidden states, for every request, speculating or not.
         This keeps the draft cache exactly as fresh as the target's."""
-        rows, next_tok, dpos, dslots, last_row = [], [], [], [], {}
+        rows, next_tok, dpos, dslots, last_row, qstart = [], [], [], [], {}, [0]
         for i, s in enumerate(sched):
             r, c, L, res = s.req, s.req.num_computed, s.num_new_tokens, results[i]
             seq_next = r.all_token_ids[c + 1: c + L] + res.emitted[:1] if s.samples else r.all_token_ids[c + 1: c + L + 1]
@@ -216,10 +218,15 @@ class ModelRunner:
                 dpos.append(p)
                 dslots.append(self.slot(r, p + 1))
             last_row[i] = len(rows) - 1
+            qstart.append(len(rows))
         h = self.draft.project(aux[self._tensor(rows)])
-        meta = AttentionMetadata(slot_mapping=self._tensor(dslots), query_start=[0, len(rows)], context_lens=[0],
-                                 kv_start=[1], cache_index=self._tensor(dpos), block_tables=self._tensor([[0]]),
-                                 custom_masks=[None], positions=self._tensor(dpos))
-        self.draft.write_kv(h, self._tensor(next_tok), meta, self.draft_cache, self.backend)
+        # Each request's rows are its new pairs in order, pair p at draft slot p + 1; a draft
+        # layer above the first attends to slots 1..p+1 (a one-layer head only writes).
+        meta = AttentionMetadata(slot_mapping=self._tensor(dslots), query_start=qstart,
+                                 context_lens=[dpos[qstart[i + 1] - 1] + 2 for i in range(len(sched))],
+                                 kv_start=[1] * len(sched), cache_index=self._tensor([p + 1 for p in dpos]),
+                                 block_tables=self._block_tables([s.req for s in sched]),
+                                 custom_masks=[None] * len(sched), positions=self._tensor(dpos))
+        self.draft.write_kv(h, self._tensor(next_tok), meta, self.draft_cache, self.backend, self.block_size)
         for i, s in enumerate(sched):  # the next draft step starts from the last pair
             s.req.draft_hidden = h[last_row[i]].clone()

@@ -80,13 +80,15 @@ def iter_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[str], str],
-               optional: Callable[[str], bool] = lambda n: False) -> set[str]:
-    """Copy checkpoint tensors into `module`'s parameters; returns the names of the parameters
-    left unfilled (only those `optional` allows). Raises ValueError on missing or misshapen."""
+               optional: Callable[[str], bool] = lambda n: False,
+               tensors: dict[str, torch.Tensor] | None = None) -> set[str]:
+    """Copy checkpoint tensors (read from `model_dir`, or given as `tensors`) into `module`'s
+    parameters; returns the names of the parameters left unfilled (only those `optional`
+    allows). Raises ValueError on missing or misshapen."""
     params = dict(module.named_parameters(remove_duplicate=True))
     wanted = {checkpoint_name(n): n for n in params}
     filled = set()
-    for name, tensor in iter_tensors(model_dir):
+    for name, tensor in (tensors.items() if tensors is not None else iter_tensors(model_dir)):
         pname = wanted.get(name)
         if pname is None:
             continue

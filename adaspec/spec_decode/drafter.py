@@ -58,7 +58,8 @@ class Drafter:
         return block_table_tensor(reqs, self.device)
 
     @torch.inference_mode()
-    def propose(self, reqs: list[tuple[Request, DraftShape]], cache: tuple) -> list[DraftTree]:
+    def propose(self, reqs: list[tuple[Request, DraftShape]], cache: list) -> list[DraftTree]:
+        """`cache`: one (k, v) pair per draft layer, passed through to the head."""
         states = [_ReqState(r, s) for r, s in reqs]
         dev = self.device
         # ---- step 0: one query per request at its last pair ----
