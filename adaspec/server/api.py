@@ -415,6 +415,7 @@ class OpenAIServing:
         return {
             "config": {
                 "model": self.settings.served_model_name, "model_path": cfg.model, "draft": spec.draft,
+                "draft_format": self.aengine.draft_format,
                 "policy": spec.policy, "num_steps": spec.num_steps, "topk": spec.topk,
                 "num_draft_tokens": spec.resolved_num_draft_tokens,
                 "spec_disable_batch_size": spec.spec_disable_batch_size,
