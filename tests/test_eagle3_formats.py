@@ -253,11 +253,11 @@ def _features(hf, tokens: list[int], aux_inputs: list[int]) -> torch.Tensor:
     return torch.cat([hs[i][0] for i in aux_inputs], -1)
 
 
-def _check_drafts(llama_dir, target, head_dir: Path, variant: dict, aux_inputs: list[int], embed=None):
+def _check_drafts(llama_dir, target, head_dir: Path, variant: dict, aux_inputs: list[int], embed=None, **engine):
     """adaspec's chain drafts == the reference's, at every speculation step of a generation."""
     hf, target_embed = target
     llm = LLM(llama_dir, draft=str(head_dir), speculation="always", num_steps=STEPS, topk=1,
-              device="cpu", dtype="float32")
+              device="cpu", dtype="float32", **engine)
     head = llm.engine.runner.draft
     assert head.aux_layers == tuple(aux_inputs)
     drafter = llm.engine.runner.drafter
@@ -308,10 +308,11 @@ def test_specforge_head(llama_dir, target, tmp_path, fc_norm, norm_output):
 
 def test_vllm_two_layer_head(llama_dir, target, tmp_path):
     """vLLM: two draft layers (one KV cache each), norm_before_residual, two aux layers given as
-    layer inputs (no +1)."""
+    layer inputs (no +1). Small blocks and a 4-token budget (prefill in 3 chunks) check that
+    the second layer's cache is refreshed across chunks and blocks."""
     d = write_vllm(tmp_path / "vllm", num_layers=2, aux_input_ids=[1, 3])
     v = {"first": "layers.0.", "later": "layers.{}.", "num_layers": 2, "norm_before_residual": True}
-    llm = _check_drafts(llama_dir, target, d, v, [1, 3])
+    llm = _check_drafts(llama_dir, target, d, v, [1, 3], block_size=4, max_num_batched_tokens=4)
     assert len(llm.engine.runner.draft_cache) == 2
 
 
