@@ -7,6 +7,7 @@ import argparse
 from dataclasses import dataclass, field, fields
 
 SPECULATION_POLICIES = ("off", "always", "threshold", "auto")
+GENERATION_CONFIG_MODES = ("auto", "none")
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,16 @@ class EngineConfig:
     served_model_name: str | None = None
     attention_backend: str = "auto"      # "auto" (triton on CUDA, else torch) | "triton" | "torch"
     enforce_eager: bool = False          # no CUDA graphs
+    # "auto": sampling fields a request leaves out come from the model's generation_config.json
+    # (like vLLM's --generation-config auto); "none": adaspec's own defaults (OpenAI's).
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         if self.attention_backend not in ("auto", "triton", "torch"):
             raise ValueError(f"attention_backend must be auto, triton or torch, got {self.attention_backend!r}")
+        if self.generation_config not in GENERATION_CONFIG_MODES:
+            raise ValueError(f"generation_config must be one of {GENERATION_CONFIG_MODES}, "
+                             f"got {self.generation_config!r}")
 
     @classmethod
     def create(cls, model: str, **kw) -> "EngineConfig":
@@ -146,6 +153,9 @@ def add_engine_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--attention-backend", default="auto", choices=["auto", "triton", "torch"])
     p.add_argument("--enforce-eager", action="store_true", help="run without CUDA graphs")
+    p.add_argument("--generation-config", default="auto", choices=GENERATION_CONFIG_MODES,
+                   help="auto: sampling fields a request leaves out (temperature, top_p, top_k, min_p) "
+                        "default to the model's generation_config.json; none: to 1.0 / 1.0 / -1 / 0.0")
 
 
 def engine_kwargs_from_cli(a: argparse.Namespace) -> dict:
@@ -155,7 +165,7 @@ def engine_kwargs_from_cli(a: argparse.Namespace) -> dict:
               memory_bytes=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
               enable_prefix_caching=not a.no_prefix_caching, max_num_seqs=a.max_num_seqs,
               max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
-              served_model_name=a.served_model_name, draft=a.draft, num_steps=a.num_steps,
+              served_model_name=a.served_model_name, generation_config=a.generation_config, draft=a.draft, num_steps=a.num_steps,
               topk=a.topk, num_draft_tokens=a.num_draft_tokens,
               spec_disable_batch_size=a.spec_disable_batch_size,
               simulate_accept_rate=a.spec_simulate_accept_rate,

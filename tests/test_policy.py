@@ -106,7 +106,7 @@ def test_draft_stays_fresh_through_an_off_period(agree_dir, trained_head, monkey
                       dtype="float32")
             # Recycled memory: whatever a slot held before. A fresh draft never reads it.
             g = torch.Generator().manual_seed(0)
-            for t in llm.engine.runner.draft_cache:
+            for t in (t for kv in llm.engine.runner.draft_cache for t in kv):
                 t.copy_(torch.randn(t.shape, generator=g) * 3)
             rows.append(accept_after(llm.engine, p, n, off))
         toks = [r[0] for r in rows]

@@ -281,6 +281,10 @@ def test_server_info(server, dirs):
     assert (cfg["policy"], cfg["num_steps"], cfg["topk"], cfg["num_draft_tokens"]) == ("always", 3, 1, 4)
     assert cfg["spec_simulate_accept_rate"] is None and cfg["spec_disable_batch_size"] is None
     assert cfg["max_model_len"] == 512 and cfg["kv_capacity_tokens"] == 512 * 16
+    assert cfg["draft_format"] == "SpecForge/SGLang LlamaForCausalLMEagle3"
+    # The tiny model's generation_config.json sets no sampling field: OpenAI's defaults apply.
+    assert cfg["generation_config"] == "auto"
+    assert cfg["sampling_defaults"] == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
     stats = info["stats"]
     assert stats["num_total_blocks"] == 512 and 0 < stats["num_free_blocks"] <= 512
     assert stats["avg_accept_length"] >= 1.0 and stats["verify_steps"] > 0

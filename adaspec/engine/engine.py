@@ -17,6 +17,7 @@ from adaspec.engine.kv_cache import KVCacheManager
 from adaspec.engine.request import Request, RequestOutput, SpecStats
 from adaspec.engine.runner import ModelRunner
 from adaspec.engine.scheduler import Scheduler, StepPlan, StepResult
+from adaspec.models.registry import generation_defaults
 from adaspec.sampling import SamplingParams, make_generator
 from adaspec.spec_decode.policy import StepFeedback, make_policy
 
@@ -57,9 +58,33 @@ class Engine:
         self.draft_len_histogram: Counter = Counter()
         self.last_draft_len = 0
         self._ids = itertools.count()
+        self.sampling_defaults = self._sampling_defaults(cfg)
         if self.runner.draft is not None and hasattr(self.policy, "warm_up"):
             from adaspec.spec_decode.profile import profile_step_times
             self.policy.warm_up(lambda shapes: profile_step_times(self, shapes))
+
+    @staticmethod
+    def _sampling_defaults(cfg: EngineConfig) -> dict:
+        """{field: value} for sampling fields a request leaves out: the model's
+        generation_config.json with generation_config="auto", nothing with "none"."""
+        if cfg.generation_config == "none":
+            return {}
+        defaults, ignored = generation_defaults(cfg.model)
+        try:
+            SamplingParams(**defaults)
+        except ValueError as e:
+            raise ValueError(f"{cfg.model}/generation_config.json: {e} "
+                             f"(or start with generation_config='none')") from None
+        if ignored:
+            log.warning("generation_config.json of %s sets %s, which adaspec does not support: not applied",
+                        cfg.model, ", ".join(ignored))
+        if defaults:
+            log.info("sampling defaults from generation_config.json: %s", defaults)
+        return defaults
+
+    def default_sampling_params(self, **overrides) -> SamplingParams:
+        """SamplingParams with the model's defaults (see `sampling_defaults`), then `overrides`."""
+        return SamplingParams(**{**self.sampling_defaults, **overrides})
 
     @classmethod
     def from_kwargs(cls, model: str, **kw) -> "Engine":
@@ -213,6 +238,12 @@ class LLM:
 
         llm = LLM("path/to/model", device="cpu", dtype="float32")
         outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=32, temperature=0.0))
+
+    Sampling defaults: `generate(prompts)` without SamplingParams uses
+    `llm.default_sampling_params()`, i.e. the model's generation_config.json (temperature,
+    top_p, top_k, min_p) unless the LLM was built with generation_config="none". A
+    SamplingParams you construct yourself is used exactly as given (as in vLLM);
+    `llm.default_sampling_params(max_tokens=64)` gives the model's defaults plus your fields.
     """
 
     def __init__(self, model: str, **kwargs):
@@ -222,13 +253,16 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def default_sampling_params(self, **overrides) -> SamplingParams:
+        return self.engine.default_sampling_params(**overrides)
+
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts must be a non-empty list of strings or of token-id lists")
-        params = sampling_params if sampling_params is not None else SamplingParams()
+        params = sampling_params if sampling_params is not None else self.default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):

@@ -96,10 +96,11 @@ class ModelRunner:
                               device=self.device)
         self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(L)]
         self.draft_cache = None
-        if self.draft is not None:
+        if self.draft is not None:  # one (k, v) pair per draft layer (most heads have one)
             ds = self.draft.spec
-            self.draft_kv = torch.zeros(2, S, ds.num_kv_heads, ds.head_dim, dtype=self.dtype, device=self.device)
-            self.draft_cache = (self.draft_kv[0], self.draft_kv[1])
+            self.draft_kv = torch.zeros(self.draft.num_layers, 2, S, ds.num_kv_heads, ds.head_dim, dtype=self.dtype,
+                                        device=self.device)
+            self.draft_cache = [(self.draft_kv[i, 0], self.draft_kv[i, 1]) for i in range(self.draft.num_layers)]
             self.draft_group = ds.num_heads // ds.num_kv_heads
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.sim_generator = np.random.default_rng(cfg.spec.simulate_seed)
@@ -136,7 +137,7 @@ class ModelRunner:
         el = torch.tensor([], dtype=self.dtype).element_size()
         per_tok = 2 * self.spec.num_layers * self.spec.num_kv_heads * self.spec.head_dim * el
         if self.draft is not None:
-            per_tok += 2 * self.draft.spec.num_kv_heads * self.draft.spec.head_dim * el
+            per_tok += 2 * self.draft.num_layers * self.draft.spec.num_kv_heads * self.draft.spec.head_dim * el
         return per_tok * self.block_size
 
     def _num_blocks(self) -> int:
@@ -459,7 +460,7 @@ class ModelRunner:
         tok = ids_d[drafts["root_rows"].t]
         out = []
         for meta, pos in drafts["steps"]:
-            with forward_context(ForwardContext(meta, self.backend, [self.draft_cache])):
+            with forward_context(ForwardContext(meta, self.backend, self.draft_cache)):
                 logits, h = head(h, tok, pos)
             tok = head.to_target_ids(logits.argmax(-1))
             out.append(tok)
@@ -494,8 +495,10 @@ class ModelRunner:
         """Stage the draft-KV refresh: the pair (hidden_p, token_{p+1}) of every newly
         committed position p goes to draft slot p+1, for every request, speculating or not."""
         base, dsel, vreq, emj, htok, dpos, dslot, last, lastadd = [], [], [], [], [], [], [], [], []
+        q_lens = []
         D = N - 1
         for i, (s, L) in enumerate(zip(sched, lay)):
+            q_lens.append(L.n_new + (D if L.pad else 0))
             r, c = s.req, s.req.num_computed
             n = r.num_tokens
             for j in range(L.n_new):
@@ -526,8 +529,19 @@ class ModelRunner:
         if not base:
             return None
         arr = np.array([base, dsel, vreq, emj, htok, dpos, dslot], dtype=np.int64)
-        return {"arr": stg.add(arr, torch.int64), "last": stg.add(np.array([last, lastadd]), torch.int64),
-                "rows": stg.add([r.row for r in reqs], torch.int64)}
+        out = {"arr": stg.add(arr, torch.int64), "last": stg.add(np.array([last, lastadd]), torch.int64),
+               "rows": stg.add([r.row for r in reqs], torch.int64), "meta": None}
+        if self.draft.num_layers > 1:
+            # Layers above the first attend: each request's pairs form a causal run of rows at
+            # cache indices p + 1 (rows past the accepted length write nothing and no valid
+            # row sees them).
+            ends = np.cumsum(q_lens)
+            pos = np.asarray(dpos)
+            out["meta"], _, _ = stage_forward(
+                stg, self.backend, self.rows.block_table, self.block_size, self.draft_group, q_lens=q_lens,
+                ctx_len=pos[ends - 1] + 2, kv_start=[1] * len(q_lens), req_row=[r.row for r in reqs],
+                positions=pos, cache_index=pos + 1, slots=dslot)
+        return out
 
     def _run_refresh(self, refresh, aux, path, emitted, count) -> None:
         base, dsel, vreq, emj, htok, dpos, dslot = refresh["arr"].t
@@ -542,5 +556,11 @@ class ModelRunner:
             dslot = torch.where(valid, dslot, torch.full_like(dslot, -1))
             last = last + torch.where(lastadd >= 0, count[lastadd.clamp(min=0)] - 1, 0)
         h = self.draft.project(aux[row])
-        self.draft.write_kv(h, tok, dpos, self.draft_cache, dslot)
+        meta = refresh["meta"]
+        if meta is None:
+            self.draft.write_kv(h, tok, dpos, self.draft_cache, dslot)
+        else:
+            meta.slot_mapping.copy_(dslot)
+            with forward_context(ForwardContext(meta, self.backend, self.draft_cache)):
+                self.draft.write_kv(h, tok, dpos, self.draft_cache, dslot)
         self.rows.draft_hidden[refresh["rows"].t] = h[last]

@@ -167,6 +167,11 @@ class DecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
+    def full(self, h, positions, cos_sin) -> torch.Tensor:
+        """The whole layer on its input h (unfused residual stream; EAGLE-3 later layers)."""
+        out, residual = self(self.input_layernorm(h), h, positions, cos_sin)
+        return out + residual
+
 
 class LlamaForCausalLM(nn.Module):
     """One class for the Llama family; differences live in `ModelSpec` flags."""

@@ -1,8 +1,14 @@
-"""Weights from a local Hugging Face directory (single or sharded safetensors), or random.
+"""Weights from a local Hugging Face directory, or random.
+
+Formats: safetensors (`model.safetensors`, or shards listed in `model.safetensors.index.json`)
+and PyTorch pickles (`pytorch_model.bin`, or shards listed in `pytorch_model.bin.index.json`),
+the latter read with `torch.load(weights_only=True)` so a checkpoint cannot run code. When a
+directory holds both, safetensors wins (as in transformers).
 
 Contract: every parameter of the module is filled from the checkpoint (or, with
 `load_format="dummy"`, from a seeded normal distribution); a missing tensor or a shape
-mismatch raises ValueError naming it. Extra checkpoint tensors are ignored.
+mismatch raises ValueError naming it. Extra tensors in a *target* checkpoint are ignored
+(rotary caches and the like); the EAGLE-3 loader accounts for every tensor of a head itself.
 """
 from __future__ import annotations
 
@@ -29,34 +35,60 @@ def resolve_dtype(name: str, checkpoint_dtype: str | None, device: torch.device)
     return DTYPES.get(checkpoint_dtype or "bfloat16", torch.bfloat16) if checkpoint_dtype != "float32" else torch.bfloat16
 
 
-def safetensor_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [model_dir / f for f in sorted(set(weight_map.values()))]
-    files = sorted(model_dir.glob("*.safetensors"))
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The weight files of `model_dir`, in a stable order: an index's shards, else the
+    directory's `*.safetensors`, else its `pytorch_model*.bin`. Raises FileNotFoundError."""
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = model_dir / index_name
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = [model_dir / f for f in sorted(set(weight_map.values()))]
+            missing = [f.name for f in files if not f.exists()]
+            if missing:
+                raise FileNotFoundError(f"{index} lists shard(s) {missing[:4]} that are not in {model_dir}")
+            return files
+    files = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("pytorch_model*.bin"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir} (use load_format='dummy' for random weights)")
+        raise FileNotFoundError(f"no weights in {model_dir}: expected *.safetensors or pytorch_model*.bin "
+                                f"(or pass load_format='dummy' to run with random weights)")
     return files
 
 
 def iter_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of the checkpoint, one file at a time, on the CPU."""
     from safetensors import safe_open
 
-    for f in safetensor_files(model_dir):
-        with safe_open(str(f), framework="pt") as sf:
-            for name in sf.keys():
-                yield name, sf.get_tensor(name)
+    for f in checkpoint_files(model_dir):
+        if f.suffix == ".safetensors":
+            with safe_open(str(f), framework="pt") as sf:
+                for name in sf.keys():
+                    yield name, sf.get_tensor(name)
+            continue
+        try:
+            # weights_only: tensors and plain containers only, never arbitrary pickled code;
+            # mmap keeps a multi-GB shard out of RAM until each tensor is copied.
+            state = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:  # noqa: BLE001 - any unpickling failure means the same to the user
+            raise ValueError(f"cannot read {f} as a PyTorch state dict with weights_only=True: {e}") from None
+        if not isinstance(state, dict):
+            raise ValueError(f"{f} holds a {type(state).__name__}, expected a dict of tensors (a state dict)")
+        for name, t in state.items():
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{f}: entry {name!r} is a {type(t).__name__}, not a tensor")
+            yield name, t
+        del state
 
 
 def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[str], str],
-               optional: Callable[[str], bool] = lambda n: False) -> set[str]:
-    """Copy checkpoint tensors into `module`'s parameters; returns the names of the parameters
-    left unfilled (only those `optional` allows). Raises ValueError on missing or misshapen."""
+               optional: Callable[[str], bool] = lambda n: False,
+               tensors: dict[str, torch.Tensor] | None = None) -> set[str]:
+    """Copy checkpoint tensors (read from `model_dir`, or given as `tensors`) into `module`'s
+    parameters; returns the names of the parameters left unfilled (only those `optional`
+    allows). Raises ValueError on missing or misshapen."""
     params = dict(module.named_parameters(remove_duplicate=True))
     wanted = {checkpoint_name(n): n for n in params}
     filled = set()
-    for name, tensor in iter_tensors(model_dir):
+    for name, tensor in (tensors.items() if tensors is not None else iter_tensors(model_dir)):
         pname = wanted.get(name)
         if pname is None:
             continue

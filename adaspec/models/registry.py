@@ -58,6 +58,42 @@ def eos_ids(model_dir: Path, cfg: dict) -> tuple:
     return tuple(ids) if isinstance(ids, list) else (ids,)
 
 
+# generation_config.json fields that map onto SamplingParams (same names, same meaning).
+GENERATION_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p")
+# Fields we cannot honour: named in a warning rather than dropped without a word.
+GENERATION_UNSUPPORTED_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty",
+                                 "no_repeat_ngram_size", "typical_p", "epsilon_cutoff", "eta_cutoff")
+
+
+def generation_defaults(model_dir: str | Path) -> tuple[dict, list[str]]:
+    """The sampling defaults a model ships in `generation_config.json` (vLLM's
+    `--generation-config auto`): ({field: value} for temperature/top_p/top_k/min_p present in
+    the file, [names of fields it sets that adaspec cannot apply]). No file -> ({}, []).
+
+    `do_sample` is not consulted (vLLM does not either): Llama-3.1 ships do_sample=true with
+    temperature 0.6 / top_p 0.9, and a request that wants greedy asks for temperature 0.
+    Neutral values (a penalty of 1.0, top_k 0) are not reported as unsupported."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.exists():
+        return {}, []
+    try:
+        gen = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    out = {}
+    for name in GENERATION_DEFAULT_FIELDS:
+        value = gen.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{path}: {name}={value!r} is not a number")
+        out[name] = int(value) if name == "top_k" else float(value)
+    neutral = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+               "no_repeat_ngram_size": 0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+    ignored = [n for n in GENERATION_UNSUPPORTED_FIELDS if gen.get(n) not in (None, neutral[n])]
+    return out, ignored
+
+
 def parse_model_spec(model_dir: str | Path) -> tuple[ModelSpec, type]:
     """Read config.json into a ModelSpec and pick the model class. Unknown arch -> ValueError."""
     model_dir = Path(model_dir)

@@ -17,7 +17,10 @@ A failure after a stream has started is sent as a final `data: {"error": ...}` e
 Defaults (documented because OpenAI leaves them to the server):
   max_tokens  /v1/completions: min(16, context left), the legacy OpenAI default;
               /v1/chat/completions: all the context left after the prompt.
-  temperature 1.0, top_p 1.0 (OpenAI's defaults).
+  temperature, top_p, top_k, min_p: the model's generation_config.json where it sets them
+              (--generation-config auto, the default; e.g. Llama-3.1: 0.6 / 0.9), else
+              1.0, 1.0, -1 (off), 0.0 (OpenAI's and vLLM's). /server_info shows the ones in
+              force under config.sampling_defaults; a request's own fields always win.
 Prompts are encoded as `server/prompts.py` states (shared with `adaspec generate`).
 """
 from __future__ import annotations
@@ -51,6 +54,8 @@ from adaspec.server.protocol import (APIError, ChatCompletionRequest, ChatMessag
 logger = logging.getLogger("adaspec.server")
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# What a request that leaves these out gets when the model ships no generation_config.json.
+BUILTIN_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                    "stop_token_ids", "max_draft_tokens")
 
@@ -135,13 +140,14 @@ class OpenAIServing:
         explicit = max_tokens is not None
         if not explicit:
             max_tokens = min(default_max_tokens, limit - len(prompt_ids))
+        defaults = {**BUILTIN_SAMPLING_DEFAULTS, **self.aengine.sampling_defaults}
         try:
             params = SamplingParams(
                 max_tokens=max_tokens,
-                temperature=1.0 if req.temperature is None else float(req.temperature),
-                top_p=1.0 if req.top_p is None else float(req.top_p),
-                top_k=-1 if req.top_k is None else req.top_k,
-                min_p=0.0 if req.min_p is None else float(req.min_p),
+                temperature=defaults["temperature"] if req.temperature is None else float(req.temperature),
+                top_p=defaults["top_p"] if req.top_p is None else float(req.top_p),
+                top_k=defaults["top_k"] if req.top_k is None else req.top_k,
+                min_p=defaults["min_p"] if req.min_p is None else float(req.min_p),
                 seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids or [],
                 ignore_eos=req.ignore_eos, speculate=req.speculate, max_draft_tokens=req.max_draft_tokens)
         except ValueError as e:
@@ -409,6 +415,7 @@ class OpenAIServing:
         return {
             "config": {
                 "model": self.settings.served_model_name, "model_path": cfg.model, "draft": spec.draft,
+                "draft_format": self.aengine.draft_format,
                 "policy": spec.policy, "num_steps": spec.num_steps, "topk": spec.topk,
                 "num_draft_tokens": spec.resolved_num_draft_tokens,
                 "spec_disable_batch_size": spec.spec_disable_batch_size,
@@ -419,6 +426,8 @@ class OpenAIServing:
                 "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,
                 "enable_prefix_caching": cfg.cache.enable_prefix_caching,
                 "device": cfg.device, "dtype": cfg.dtype, "max_queue_len": self.settings.max_queue_len,
+                "generation_config": cfg.generation_config,
+                "sampling_defaults": {**BUILTIN_SAMPLING_DEFAULTS, **self.aengine.sampling_defaults},
             },
             "stats": {**stats, "avg_accept_length": stats.get("accept_length", 0.0),
                       "num_free_blocks": stats.get("num_free_blocks", 0), "num_total_blocks": total,

@@ -112,6 +112,17 @@ class AsyncEngine:
         return self.engine.config
 
     @property
+    def draft_format(self) -> str | None:
+        """The upstream layout the EAGLE-3 head was read as (None without a head)."""
+        draft = getattr(getattr(self.engine, "runner", None), "draft", None)
+        return draft.fmt.layout if draft is not None else None
+
+    @property
+    def sampling_defaults(self) -> dict:
+        """Defaults for sampling fields a request leaves out (fixed at engine start)."""
+        return dict(getattr(self.engine, "sampling_defaults", {}))
+
+    @property
     def stats(self) -> dict:
         """The latest `engine.stats()` snapshot (a dict that is replaced, never mutated)."""
         return self._stats

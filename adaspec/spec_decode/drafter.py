@@ -67,13 +67,14 @@ class TreeDrafter:
         meta, ids, pos = stage_forward(self.stg, self.backend, rows.block_table, self.block_size, self.group,
                                        input_ids=tokens, **kw)
         self.stg.commit()
-        with forward_context(ForwardContext(meta, self.backend, [self.cache])):
+        with forward_context(ForwardContext(meta, self.backend, self.cache)):
             return self.head(h, ids, pos)
 
     @torch.inference_mode()
-    def propose(self, reqs: list[tuple[Request, DraftShape]], hidden: torch.Tensor, cache: tuple,
+    def propose(self, reqs: list[tuple[Request, DraftShape]], hidden: torch.Tensor, cache: list,
                 rows) -> list[DraftTree]:
-        """`hidden` [B, H]: each request's draft hidden state at its last pair."""
+        """`hidden` [B, H]: each request's draft hidden state at its last pair; `cache`: one
+        (k, v) pair per draft layer."""
         self.cache = cache
         states = [_ReqState(r, s) for r, s in reqs]
         rs = [st.req for st in states]
