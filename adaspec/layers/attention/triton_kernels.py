@@ -34,6 +34,9 @@ from adaspec.layers.attention.meta import AttnMeta
 MIN_BLOCK_M = 16
 MAX_BLOCK_M = 64
 _LOG2E = 1.4426950408889634
+# The interpreter's tl.dot mishandles bf16 operands: there the (already rounded) operands are
+# widened to fp32 for the product. Never set on a GPU.
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _next_pow2(n: int) -> int:
@@ -66,7 +69,7 @@ def _paged_attn_kernel(
     stride_bt, num_rows, num_q_heads, scale_log2, window, block_size, num_splits,
     G: tl.constexpr, GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -92,6 +95,9 @@ def _paged_attn_kernel(
     q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     ci = tl.load(cache_index_ptr + t, mask=row_ok, other=-1)
+    in_ty = q.dtype
+    dot_ty = tl.float32 if DOT_F32 else in_ty
+    q = q.to(dot_ty)
 
     # Keys no row of the tile can see are never loaded: above the last row's cache index
     # (causal, unless a tree region follows) and below the earliest row's window.
@@ -117,7 +123,7 @@ def _paged_attn_kernel(
         slot = page.to(tl.int64) * block_size + j % block_size
         kv_mask = j_ok[:, None] & d_ok[None, :]  # masked keys read 0, never cache garbage
         k = tl.load(k_ptr + slot[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * scale_log2
+        s = tl.dot(q, tl.trans(k.to(dot_ty)), input_precision=DOT_PREC) * scale_log2
         vis = (j[None, :] < ms) & (j[None, :] <= ci[:, None])
         if ms < hi:  # the block may reach the tree region: read the flat mask there
             in_tree = (j[None, :] >= ms) & j_ok[None, :] & row_ok[:, None]
@@ -132,7 +138,8 @@ def _paged_attn_kernel(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + slot[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+        # P rounded to the input dtype, as flash attention does (tensor-core operands).
+        acc = acc * alpha[:, None] + tl.dot(p.to(in_ty).to(dot_ty), v.to(dot_ty), input_precision=DOT_PREC)
         m_i = m_new
 
     if SPLIT:  # unnormalised partials; the reduce kernel merges the splits
@@ -245,6 +252,7 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         G=G, GP=GP, BLOCK_Q=block_q, BLOCK_M=BLOCK_M, BLOCK_N=block_n if D_PAD <= 128 else 32,
         D=D, D_PAD=D_PAD, HAS_WINDOW=window is not None, SPLIT=split,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_F32=_INTERPRET and q.dtype != torch.float32,
         num_warps=num_warps, num_stages=2,
     )
     if split:
@@ -265,7 +273,9 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     slot = tl.load(slot_ptr + t).to(tl.int64)
     h = tl.arange(0, HKV_PAD)[:, None]
     d = tl.arange(0, D_PAD)[None, :]
-    mask = (h < HKV) & (d < D) & (slot >= 0)  # slot < 0: the KV lives in a shared block
+    # slot < 0: the KV lives in a shared block. (Broadcast before comparing: the interpreter
+    # rejects a scalar bool in a mask.)
+    mask = (h < HKV) & (d < D) & ((h * 0 + slot) >= 0)
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
     tl.store(k_cache_ptr + slot * stride_ct + h * stride_ch + d, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
