@@ -121,7 +121,12 @@ def _paged_attn_kernel(
         # One page lookup per key: keys of a block may span several (small) pages.
         page = tl.load(table + j // block_size, mask=j_ok, other=0)
         slot = page.to(tl.int64) * block_size + j % block_size
-        kv_mask = j_ok[:, None] & d_ok[None, :]  # masked keys read 0, never cache garbage
+        # Masked keys read 0, never cache garbage. The head-dim mask only when D is padded: a
+        # mask that varies along the contiguous dim defeats vectorized 16-byte loads.
+        if D == D_PAD:
+            kv_mask = j_ok[:, None]
+        else:
+            kv_mask = j_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + slot[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k.to(dot_ty)), input_precision=DOT_PREC) * scale_log2
         vis = (j[None, :] < ms) & (j[None, :] <= ci[:, None])
@@ -239,8 +244,7 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         ws_ml = torch.empty(num_splits, T, Hq, 2, dtype=torch.float32, device=q.device)
     else:
         ws_acc = ws_ml = out  # unused
-    big = BLOCK_M * D_PAD > 64 * 128
-    num_warps = 8 if big else 4
+    num_warps = 8 if BLOCK_M * D_PAD >= 64 * 128 else 4  # 64-row tiles: spread the fp32 accumulator
     _paged_attn_kernel[(P, Hkv, num_splits)](
         q, k_cache, v_cache, out, ws_acc, ws_ml,
         meta.positions, meta.cache_index, meta.query_start, meta.ctx_len, meta.kv_start,
