@@ -9,7 +9,6 @@ interpreter is slow: its cases are few and small.
 from __future__ import annotations
 
 import importlib.util
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
