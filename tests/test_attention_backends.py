@@ -301,6 +301,18 @@ def test_gqa8_head128(backend):
     check(backend, make_batch(reqs, 8, 1, 128, 16, block_q=2))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q_as_view_of_fused_qkv(backend):
+    # rotary_qkv_store returns q as a view of the qkv projection: row stride (Hq + 2 Hkv) * D.
+    b = make_batch(mixed(3), 4, 2, 16, 3, block_q=2)
+    T = b.q.shape[0]
+    qkv = torch.full((T, (4 + 2 * 2) * 16), float("nan"))
+    qkv[:, : 4 * 16] = b.q.flatten(1)
+    b.q = qkv[:, : 4 * 16].view(T, 4, 16)
+    assert not b.q.is_contiguous()
+    check(backend, b)
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 @pytest.mark.parametrize("num_splits", [2, 3])
 def test_triton_split_kv(num_splits):
@@ -318,8 +330,9 @@ def test_triton_writes_into_out_and_leaves_other_rows():
 
     b = make_batch([Req(prefix=5, q_len=2), Req(prefix=3, q_len=1)], 2, 1, 16, 3, block_q=1)
     torch_store_kv(b.k_cache, b.v_cache, b.new_k, b.new_v, b.meta.slot_mapping)
-    out = torch.full((4, 2, 16), 7.0)  # one padding row beyond the last request
-    got = triton_paged_attention(b.q, b.k_cache, b.v_cache, b.meta, 0.25, out=out)
+    q = torch.cat([b.q, torch.randn(1, 2, 16)])  # one padding row beyond the last request
+    out = torch.full((4, 2, 16), 7.0)
+    got = triton_paged_attention(q, b.k_cache, b.v_cache, b.meta, 0.25, out=out)
     assert got is out
     assert torch.equal(out[3], torch.full((2, 16), 7.0))
     want = torch_paged_attention(b.q, b.k_cache, b.v_cache, b.meta, 0.25)

@@ -95,8 +95,8 @@ def main():
         a, nw = attention_args(dtype, G, D, bq, split, window)
         what = f"attention {str(dtype)[6:]} G={G} D={D} block_q={bq} split={split} window={window}"
         try:
-            c = compile_kernel(tk._paged_attn_kernel, target, {k: (v if not (isinstance(v, tuple)) else v)
-                                                              for k, v in a.items()}, num_warps=nw)
+            c = compile_kernel(tk._paged_attn_kernel, target, a, num_warps=nw,
+                               num_stages=3 if a["BLOCK_M"][1] <= 32 else 2)
             print(f"ok   {what}: shared {c.metadata.shared} B, {nw} warps")
             if split:
                 r = {k: a[k] for k in ("G", "GP", "BLOCK_Q", "BLOCK_M", "D", "D_PAD")}

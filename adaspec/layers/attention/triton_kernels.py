@@ -229,6 +229,9 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError(f"attention: meta.block_q must be a power of two, got {block_q}")
     if out is None:
         out = torch.empty(T, Hq, D, dtype=q.dtype, device=q.device)
+    elif out.shape != q.shape or out.stride(2) != 1:
+        raise ValueError(f"attention: out {tuple(out.shape)} must be [T, Hq, D] = {tuple(q.shape)} "
+                         "with a contiguous head dimension")
     P = meta.prog_req.shape[0]
     if P == 0:
         return out
@@ -257,7 +260,9 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         D=D, D_PAD=D_PAD, HAS_WINDOW=window is not None, SPLIT=split,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_F32=_INTERPRET and q.dtype != torch.float32,
-        num_warps=num_warps, num_stages=2,
+        # 3 stages keep two key blocks in flight (cp.async) for the small decode/verify tiles;
+        # 64-row tiles have no registers left for a third.
+        num_warps=num_warps, num_stages=3 if BLOCK_M <= 32 else 2,
     )
     if split:
         _split_reduce_kernel[(P, Hkv)](
