@@ -80,6 +80,9 @@ def torch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     if Hq % Hkv or k_cache.shape[2] != D or v_cache.shape != k_cache.shape:
         raise ValueError(f"attention: q {tuple(q.shape)} vs caches {tuple(k_cache.shape)}/"
                          f"{tuple(v_cache.shape)}: need Hq % Hkv == 0 and equal head dims")
+    if meta.positions.shape[0] != T or meta.cache_index.shape[0] != T:
+        raise ValueError(f"attention: q has {T} rows but the metadata's per-row tensors "
+                         f"{meta.positions.shape[0]} / {meta.cache_index.shape[0]}")
     B, bs = meta.num_reqs, meta.block_size
     if T == 0 or B == 0:
         return q.new_zeros(T, Hq, D)
