@@ -51,6 +51,28 @@ def compile_kernel(kernel, target, args: dict, num_warps=4, num_stages=2):
     return triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
+def resource_usage(compiled) -> str:
+    """Registers / stack (spills) per thread of a compiled kernel, via the cuobjdump bundled
+    with Triton's NVIDIA backend ("" when it is not there)."""
+    import subprocess
+    import tempfile
+
+    import triton.backends.nvidia as nv
+
+    tool = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if "REG:" in line:
+            fields = dict(x.split(":") for x in line.split() if x.startswith(("REG:", "STACK:")))
+            return f"{fields.get('REG')} regs, stack {fields.get('STACK')} B"
+    return ""
+
+
 def attention_args(dtype, G, D, block_q, split, window, block_n=64):
     GP = tk._next_pow2(G)
     BLOCK_M = max(tk.MIN_BLOCK_M, block_q * GP)
@@ -64,9 +86,9 @@ def attention_args(dtype, G, D, block_q, split, window, block_n=64):
     for n in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot",
               "stride_oh", "stride_bt"):
         a[n] = 16 * D  # multiples of 16 elements: what the engine's tensors have
-    for n in ("num_rows", "num_q_heads", "window", "block_size", "num_splits"):
+    for n in ("num_rows", "num_q_heads", "window", "num_splits"):
         a[n] = 7
-    a.update(G=("c", G), GP=("c", GP), BLOCK_Q=("c", block_q), BLOCK_M=("c", BLOCK_M),
+    a.update(BLOCK_SIZE=("c", 16), G=("c", G), GP=("c", GP), BLOCK_Q=("c", block_q), BLOCK_M=("c", BLOCK_M),
              BLOCK_N=("c", block_n if D_PAD <= 128 else 32), D=("c", D), D_PAD=("c", D_PAD),
              HAS_WINDOW=("c", window), SPLIT=("c", split),
              DOT_PREC=("c", "ieee" if dtype == torch.float32 else "tf32"), DOT_F32=("c", False))
@@ -97,7 +119,7 @@ def main():
         try:
             c = compile_kernel(tk._paged_attn_kernel, target, a, num_warps=nw,
                                num_stages=3 if a["BLOCK_M"][1] <= 32 else 2)
-            print(f"ok   {what}: shared {c.metadata.shared} B, {nw} warps")
+            print(f"ok   {what}: shared {c.metadata.shared} B, {nw} warps, {resource_usage(c)}")
             if split:
                 r = {k: a[k] for k in ("G", "GP", "BLOCK_Q", "BLOCK_M", "D", "D_PAD")}
                 r.update(out_ptr=dtype, ws_acc_ptr=f32, ws_ml_ptr=f32, query_start_ptr=torch.int32,

@@ -66,9 +66,9 @@ def _paged_attn_kernel(
     positions_ptr, cache_index_ptr, query_start_ptr, ctx_len_ptr, kv_start_ptr, req_row_ptr,
     mask_start_ptr, mask_offset_ptr, block_table_ptr, mask_ptr, prog_req_ptr, prog_q0_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_bt, num_rows, num_q_heads, scale_log2, window, block_size, num_splits,
-    G: tl.constexpr, GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    stride_bt, num_rows, num_q_heads, scale_log2, window, num_splits,
+    BLOCK_SIZE: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -119,8 +119,8 @@ def _paged_attn_kernel(
         j = n0 + tl.arange(0, BLOCK_N)
         j_ok = j < hi
         # One page lookup per key: keys of a block may span several (small) pages.
-        page = tl.load(table + j // block_size, mask=j_ok, other=0)
-        slot = page.to(tl.int64) * block_size + j % block_size
+        page = tl.load(table + j // BLOCK_SIZE, mask=j_ok, other=0)
+        slot = page.to(tl.int64) * BLOCK_SIZE + j % BLOCK_SIZE  # constexpr: shifts for 2^k pages
         # Masked keys read 0, never cache garbage. The head-dim mask only when D is padded: a
         # mask that varies along the contiguous dim defeats vectorized 16-byte loads.
         if D == D_PAD:
@@ -255,8 +255,9 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         meta.prog_req, meta.prog_q0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
-        meta.block_table.stride(0), T, Hq, scale * _LOG2E, window or 0, meta.block_size, num_splits,
-        G=G, GP=GP, BLOCK_Q=block_q, BLOCK_M=BLOCK_M, BLOCK_N=block_n if D_PAD <= 128 else 32,
+        meta.block_table.stride(0), T, Hq, scale * _LOG2E, window or 0, num_splits,
+        BLOCK_SIZE=meta.block_size, G=G, GP=GP, BLOCK_Q=block_q, BLOCK_M=BLOCK_M,
+        BLOCK_N=block_n if D_PAD <= 128 else 32,
         D=D, D_PAD=D_PAD, HAS_WINDOW=window is not None, SPLIT=split,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_F32=_INTERPRET and q.dtype != torch.float32,
