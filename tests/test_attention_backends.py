@@ -353,6 +353,17 @@ def test_choose_block_q():
         choose_block_q(0, 4)
 
 
+def test_choose_num_splits():
+    pytest.importorskip("triton")
+    from adaspec.layers.attention.triton_kernels import choose_num_splits
+
+    cpu = torch.device("cpu")  # counts as an H200 (132 SMs)
+    assert choose_num_splits(8, 4096, cpu) == 16      # b=1 decode, long context: fill the SMs
+    assert choose_num_splits(8, 300, cpu) == 1        # too few keys to split
+    assert choose_num_splits(2048, 4096, cpu) == 1    # the grid alone fills the GPU
+    assert 1 < choose_num_splits(128, 4096, cpu) <= 4
+
+
 def test_bad_shapes_raise():
     b = make_batch([Req(prefix=2, q_len=1)], 4, 2, 8, 3, block_q=1)
     with pytest.raises(ValueError, match="Hq % Hkv"):

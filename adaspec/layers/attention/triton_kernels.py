@@ -17,6 +17,7 @@ step of a GQA model loads each KV page once for all heads of the group.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 if os.environ.get("ADASPEC_TRITON_INTERPRET") == "1":
@@ -52,11 +53,16 @@ def choose_block_q(max_q_len: int, group: int) -> int:
     return max(1, min(_next_pow2(max_q_len), MAX_BLOCK_M // _next_pow2(group)))
 
 
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
 def choose_num_splits(num_programs: int, max_ctx_len: int, device: torch.device) -> int:
-    """Split-KV factor: split the keys of each program only when the grid alone leaves SMs
-    idle (few programs: decode at small batch) and each split keeps >= 256 keys."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    want = -(-2 * sms // max(num_programs, 1))  # ~2 programs per SM
+    """Split-KV factor for a grid of `num_programs` (= len(prog_req) * Hkv): split each
+    program's keys only when the grid alone leaves SMs idle (decode at small batch), into
+    splits of >= 256 keys, aiming at ~2 programs per SM (H200: 132 SMs)."""
+    want = -(-2 * _num_sms(device) // max(num_programs, 1))
     return max(1, min(want, max_ctx_len // 256, 32))
 
 
