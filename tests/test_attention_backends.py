@@ -88,7 +88,7 @@ def make_batch(reqs, Hq, Hkv, D, bs, dtype=torch.float32, block_q=1, seed=0) -> 
     new_k, new_v, slots = [], [], []
     for b, r in enumerate(reqs):
         K, V = rnd(r.ctx, Hkv, D), rnd(r.ctx, Hkv, D)
-        shared = r.share[1] * bs if r.share else 0
+        shared = min(r.share[1] * bs, r.ctx) if r.share else 0  # keys living in the donor's pages
         if shared:
             a = r.share[0]
             assert reqs[a].prefix >= shared and a < b
@@ -299,6 +299,46 @@ def test_window_and_bf16(backend):
 def test_gqa8_head128(backend):
     reqs = [Req(prefix=20, q_len=1), Req(prefix=3, q_len=3, parents=chain(3))]
     check(backend, make_batch(reqs, 8, 1, 128, 16, block_q=2))
+
+
+def random_reqs(rng: np.random.Generator, bs: int) -> list:
+    """A random mix: decode, prefill chunks, chains, trees (random parents), kv_start 0/1,
+    a prefix hit on an earlier request, zero-row requests."""
+    reqs = []
+    for i in range(int(rng.integers(3, 7))):
+        kind = rng.choice(["decode", "prefill", "tree", "empty", "hit"])
+        prefix = int(rng.integers(0, 3 * bs + 4))
+        if kind == "decode":
+            reqs.append(Req(prefix=prefix, q_len=1, kv_start=int(rng.integers(0, 2))))
+        elif kind == "prefill":
+            reqs.append(Req(prefix=prefix, q_len=int(rng.integers(2, 9))))
+        elif kind == "tree":
+            n = int(rng.integers(2, 7))
+            reqs.append(Req(prefix=prefix, q_len=n, parents=[-1] + [int(rng.integers(0, k)) for k in range(1, n)],
+                            kv_start=int(rng.integers(0, 2))))
+        elif kind == "empty":
+            reqs.append(Req(prefix=prefix, q_len=0))
+        else:
+            donors = [j for j, r in enumerate(reqs) if r.prefix >= bs]
+            if donors:
+                reqs.append(Req(prefix=int(rng.integers(0, bs)), q_len=int(rng.integers(1, 4)),
+                                share=(donors[0], 1)))
+    if not any(r.q_len for r in reqs):
+        reqs.append(Req(prefix=2, q_len=1))
+    return reqs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_batches(backend, seed):
+    rng = np.random.default_rng(seed)
+    bs = int(rng.choice([1, 3, 4, 16]))
+    Hkv = int(rng.choice([1, 2]))
+    G = int(rng.choice([1, 2, 3, 4]))
+    window = None if rng.random() < 0.5 else int(rng.integers(1, 12))
+    b = make_batch(random_reqs(rng, bs), Hkv * G, Hkv, 16, bs, block_q=int(rng.choice([1, 2, 4, 8])), seed=seed)
+    kw = {"num_splits": int(rng.integers(1, 4)), "block_n": 16} if backend == "triton" else {}
+    check(backend, b, window=window, **kw)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
