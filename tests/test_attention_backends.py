@@ -377,6 +377,13 @@ def test_triton_writes_into_out_and_leaves_other_rows():
     assert torch.equal(out[3], torch.full((2, 16), 7.0))
     want = torch_paged_attention(b.q, b.k_cache, b.v_cache, b.meta, 0.25)
     torch.testing.assert_close(out[:3], want, atol=2e-5, rtol=2e-5)
+    # A CUDA graph's fixed grid: the plan padded with programs whose first row lies past their
+    # request's end (prog_q0 >= max_q_len) must change nothing and read nothing.
+    b.meta.prog_req = torch.cat([b.meta.prog_req, torch.tensor([0, 1], dtype=torch.int32)])
+    b.meta.prog_q0 = torch.cat([b.meta.prog_q0, torch.tensor([b.meta.max_q_len] * 2, dtype=torch.int32)])
+    out2 = torch.full((4, 2, 16), 7.0)
+    triton_paged_attention(q, b.k_cache, b.v_cache, b.meta, 0.25, out=out2, num_splits=2)
+    torch.testing.assert_close(out2, out, atol=2e-5, rtol=2e-5)
 
 
 def test_choose_block_q():
