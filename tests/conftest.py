@@ -1,8 +1,16 @@
 """Shared fixtures: tiny random models (built once per session) and HF reference decoding."""
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
+
+# Without a GPU, Triton kernels can only run under its interpreter, which Triton selects when a
+# kernel is decorated (module import): set it before any test module imports one.
+if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from adaspec.testing import make_tiny_model
 

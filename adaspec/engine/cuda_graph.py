@@ -96,7 +96,8 @@ class CudaGraphs:
             kv_start=[0] * b, req_row=[r.rows.pad_row] * b, positions=np.zeros(T, np.int64),
             cache_index=np.zeros(T, np.int64), slots=np.full(T, -1, np.int64), input_ids=np.zeros(T, np.int64),
             mask_start=[0] * b if tree else None, mask_offset=[0] * b if tree else None,
-            mask=np.zeros(b * N * N, np.uint8) if tree else None)
+            mask=np.zeros(b * N * N, np.uint8) if tree else None,
+            max_ctx_len=r.max_model_len)  # kernels size split-KV for the longest context
 
     @torch.inference_mode()
     def _capture(self, b: int, q: int, tree: bool) -> _Graph:

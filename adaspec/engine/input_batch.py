@@ -128,7 +128,7 @@ class DeviceRows:
 
 def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: int, group: int, *,
                   q_lens, ctx_len, kv_start, req_row, positions, cache_index, slots, input_ids=None,
-                  mask_start=None, mask_offset=None, mask=None):
+                  mask_start=None, mask_offset=None, mask=None, max_ctx_len=None):
     """Stage one forward's inputs; returns (AttnMeta, input_ids or None, positions) as device
     views (valid once `stg.commit()` ran). Per-request arrays have one entry per request,
     per-row arrays one per query row (see AttnMeta for the meaning)."""
@@ -158,5 +158,6 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
         positions=pos.t, cache_index=ci.t, slot_mapping=slot.t, query_start=q_start.t,
         ctx_len=pr[0], kv_start=pr[1], req_row=pr[2], mask_start=pr[3], mask_offset=pr[4],
         block_table=block_table, mask=m.t, prog_req=pg[0], prog_q0=pg[1], block_q=bq,
-        block_size=block_size, max_ctx_len=int(ctx.max()) if len(ctx) else 0, max_q_len=max_q)
+        block_size=block_size, max_q_len=max_q,
+        max_ctx_len=max_ctx_len if max_ctx_len is not None else (int(ctx.max()) if len(ctx) else 0))
     return meta, (ids.t if ids is not None else None), pos.t

@@ -1,0 +1,318 @@
+"""Triton kernels of the fast path: paged attention (decode, chunked prefill over a cached
+prefix, tree/chain verification: one kernel) and the KV-cache store.
+
+Contract shared with torch_ref.py (the oracle these kernels are tested against) and
+meta.py (the visibility rules). Everything here is CUDA-graph friendly: no host sync, no
+data-dependent grid (the grid is len(meta.prog_req) x Hkv [x num_splits]), no allocation
+except `out` when it is not given and the split-KV workspace.
+
+Layout: q [T, Hq, D] (any row/head strides, contiguous head dim: a view of a fused qkv
+buffer is fine); k_cache / v_cache [num_slots, Hkv, D] (flat slots, slot = block *
+block_size + offset); q head h reads KV head h // G with G = Hq / Hkv.
+
+Each attention program owns `block_q` consecutive query rows of one request (the launch
+plan) times the G query heads sharing one KV head: BLOCK_M = max(16, block_q * next_pow2(G))
+rows of a single [BLOCK_M, D] @ [D, BLOCK_N] tensor-core product per key block, so a decode
+step of a GQA model loads each KV page once for all heads of the group.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+if os.environ.get("ADASPEC_TRITON_INTERPRET") == "1":
+    # Triton reads this when a kernel is decorated, i.e. at import of this module.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch
+import triton
+import triton.language as tl
+
+from adaspec.layers.attention.meta import AttnMeta
+
+# A tile of rows narrower than 16 cannot feed tl.dot; larger ones stay within the register
+# budget of 4 warps at head_dim 128.
+MIN_BLOCK_M = 16
+MAX_BLOCK_M = 64
+_LOG2E = 1.4426950408889634
+# The interpreter's tl.dot mishandles bf16 operands: there the (already rounded) operands are
+# widened to fp32 for the product. Never set on a GPU.
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def choose_block_q(max_q_len: int, group: int) -> int:
+    """Query rows per attention program (a power of two) for requests of at most `max_q_len`
+    rows and `group` = Hq / Hkv query heads per KV head: enough rows to fill a MAX_BLOCK_M
+    tile, no more than the longest request needs (decode: 1; verify q=4, G=4: 4)."""
+    if max_q_len < 1 or group < 1:
+        raise ValueError(f"choose_block_q: need max_q_len >= 1 and group >= 1, got {max_q_len}, {group}")
+    return max(1, min(_next_pow2(max_q_len), MAX_BLOCK_M // _next_pow2(group)))
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
+def choose_num_splits(num_programs: int, max_ctx_len: int, device: torch.device) -> int:
+    """Split-KV factor for a grid of `num_programs` (= len(prog_req) * Hkv): split each
+    program's keys only when the grid alone leaves SMs idle (decode at small batch), into
+    splits of >= 256 keys, aiming at ~2 programs per SM (H200: 132 SMs)."""
+    want = -(-2 * _num_sms(device) // max(num_programs, 1))
+    return max(1, min(want, max_ctx_len // 256, 32))
+
+
+@triton.jit
+def _paged_attn_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
+    positions_ptr, cache_index_ptr, query_start_ptr, ctx_len_ptr, kv_start_ptr, req_row_ptr,
+    mask_start_ptr, mask_offset_ptr, block_table_ptr, mask_ptr, prog_req_ptr, prog_q0_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_bt, num_rows, num_q_heads, scale_log2, window, num_splits,
+    BLOCK_SIZE: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    b = tl.load(prog_req_ptr + pid)
+    q0 = tl.load(prog_q0_ptr + pid)
+    qs = tl.load(query_start_ptr + b)
+    q_len = tl.load(query_start_ptr + b + 1) - qs
+    ctx = tl.load(ctx_len_ptr + b)
+    ms = tl.load(mask_start_ptr + b)
+    moff = tl.load(mask_offset_ptr + b)
+    table = block_table_ptr + tl.load(req_row_ptr + b).to(tl.int64) * stride_bt
+
+    # Tile row m = query row q0 + m // GP of the request, query head kvh * G + m % GP.
+    m = tl.arange(0, BLOCK_M)
+    r = q0 + m // GP
+    g = m % GP
+    row_ok = (m // GP < BLOCK_Q) & (g < G) & (r < q_len)
+    t = (qs + r).to(tl.int64)
+    head = kvh * G + g
+    d = tl.arange(0, D_PAD)
+    d_ok = d < D
+    q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    ci = tl.load(cache_index_ptr + t, mask=row_ok, other=-1)
+    in_ty = q.dtype
+    dot_ty = tl.float32 if DOT_F32 else in_ty
+    q = q.to(dot_ty)
+
+    # Keys no row of the tile can see are never loaded: above the last row's cache index
+    # (causal, unless a tree region follows) and below the earliest row's window.
+    hi = tl.where(ms < ctx, ctx, tl.minimum(ctx, tl.max(ci, axis=0) + 1))
+    lo = tl.load(kv_start_ptr + b)
+    if HAS_WINDOW:
+        pos = tl.load(positions_ptr + t, mask=row_ok, other=2**30).to(tl.int32)
+        lo = tl.maximum(lo, tl.min(pos, axis=0) - window + 1)
+    if SPLIT:  # this program's share of [lo, hi), whole key blocks each
+        per = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), num_splits), BLOCK_N) * BLOCK_N
+        lo = lo + split * per
+        hi = tl.minimum(hi, lo + per)
+
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: a fully masked tile gives exp2(-inf) = 0, not NaN
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    width = ctx - ms  # columns of the request's tree mask rows (0 without a tree)
+    for n0 in range(lo, hi, BLOCK_N):
+        j = n0 + tl.arange(0, BLOCK_N)
+        j_ok = j < hi
+        # One page lookup per key: keys of a block may span several (small) pages.
+        page = tl.load(table + j // BLOCK_SIZE, mask=j_ok, other=0)
+        slot = page.to(tl.int64) * BLOCK_SIZE + j % BLOCK_SIZE  # constexpr: shifts for 2^k pages
+        # Masked keys read 0, never cache garbage. The head-dim mask only when D is padded: a
+        # mask that varies along the contiguous dim defeats vectorized 16-byte loads.
+        if D == D_PAD:
+            kv_mask = j_ok[:, None]
+        else:
+            kv_mask = j_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + slot[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(dot_ty)), input_precision=DOT_PREC) * scale_log2
+        vis = (j[None, :] < ms) & (j[None, :] <= ci[:, None])
+        if ms < hi:  # the block may reach the tree region: read the flat mask there
+            in_tree = (j[None, :] >= ms) & j_ok[None, :] & row_ok[:, None]
+            tm = tl.load(mask_ptr + moff + r[:, None] * width + (j[None, :] - ms), mask=in_tree, other=0)
+            vis = vis | (tm != 0)
+        vis = vis & j_ok[None, :] & row_ok[:, None]
+        if HAS_WINDOW:
+            vis = vis & (j[None, :] > pos[:, None] - window)
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + slot[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+        # P rounded to the input dtype, as flash attention does (tensor-core operands).
+        acc = acc * alpha[:, None] + tl.dot(p.to(in_ty).to(dot_ty), v.to(dot_ty), input_precision=DOT_PREC)
+        m_i = m_new
+
+    if SPLIT:  # unnormalised partials; the reduce kernel merges the splits
+        w = ((split * num_rows + t) * num_q_heads + head) * D
+        tl.store(ws_acc_ptr + w[:, None] + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+        w2 = ((split * num_rows + t) * num_q_heads + head) * 2
+        tl.store(ws_ml_ptr + w2, m_i, mask=row_ok)
+        tl.store(ws_ml_ptr + w2 + 1, l_i, mask=row_ok)
+    else:
+        o = tl.where(l_i[:, None] > 0, acc / tl.maximum(l_i, 1e-30)[:, None], 0.0)  # no key: 0
+        tl.store(out_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _split_reduce_kernel(
+    out_ptr, ws_acc_ptr, ws_ml_ptr, query_start_ptr, prog_req_ptr, prog_q0_ptr,
+    stride_ot, stride_oh, num_rows, num_q_heads, num_splits,
+    G: tl.constexpr, GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    D: tl.constexpr, D_PAD: tl.constexpr,
+):
+    """Merge the split partials of the rows one attention program owns (same tiling, so rows
+    outside the launch plan stay untouched here too)."""
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    b = tl.load(prog_req_ptr + pid)
+    q0 = tl.load(prog_q0_ptr + pid)
+    qs = tl.load(query_start_ptr + b)
+    q_len = tl.load(query_start_ptr + b + 1) - qs
+    m = tl.arange(0, BLOCK_M)
+    r = q0 + m // GP
+    g = m % GP
+    row_ok = (m // GP < BLOCK_Q) & (g < G) & (r < q_len)
+    t = (qs + r).to(tl.int64)
+    head = kvh * G + g
+    d = tl.arange(0, D_PAD)
+    io_mask = row_ok[:, None] & (d[None, :] < D)
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: a fully masked tile gives exp2(-inf) = 0, not NaN
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    for sp in range(0, num_splits):
+        w2 = ((sp * num_rows + t) * num_q_heads + head) * 2
+        m_s = tl.load(ws_ml_ptr + w2, mask=row_ok, other=-1.0e30)
+        l_s = tl.load(ws_ml_ptr + w2 + 1, mask=row_ok, other=0.0)
+        a_s = tl.load(ws_acc_ptr + (w2 // 2 * D)[:, None] + d[None, :], mask=io_mask, other=0.0)
+        m_new = tl.maximum(m_i, m_s)
+        alpha = tl.exp2(m_i - m_new)
+        beta = tl.exp2(m_s - m_new)
+        l_i = l_i * alpha + l_s * beta
+        acc = acc * alpha[:, None] + a_s * beta[:, None]
+        m_i = m_new
+    o = tl.where(l_i[:, None] > 0, acc / tl.maximum(l_i, 1e-30)[:, None], 0.0)
+    tl.store(out_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           meta: AttnMeta, scale: float, window: int | None = None,
+                           out: torch.Tensor | None = None, num_splits: int | None = None,
+                           block_n: int = 64) -> torch.Tensor:
+    """Paged attention of q [T, Hq, D] over k_cache / v_cache [num_slots, Hkv, D], following
+    the AttnMeta visibility rules; returns `out` [T, Hq, D] (allocated in q.dtype if None).
+
+    Rows covered by the launch plan (meta.prog_req / prog_q0 / block_q) are written; a row
+    that sees no key gets zeros; rows outside every request are left untouched.
+    `num_splits`: split-KV factor (None: `choose_num_splits` from the grid and
+    meta.max_ctx_len, host ints only). Each split's key range is computed on the device, so
+    any fixed value is correct for any context length (for CUDA graphs: fix it per graph).
+    fp32 inputs use exact (ieee) products; bf16 / fp16 tensor-core ones with fp32 softmax.
+    """
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[1]
+    if Hq % Hkv or k_cache.shape[2] != D or v_cache.shape[1:] != k_cache.shape[1:]:
+        raise ValueError(f"attention: q {tuple(q.shape)} vs caches {tuple(k_cache.shape)}/"
+                         f"{tuple(v_cache.shape)}: need Hq % Hkv == 0 and equal head dims")
+    if D > 256:
+        raise ValueError(f"attention: head_dim {D} > 256 is not supported by the Triton kernel")
+    if q.stride(2) != 1 or k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
+        raise ValueError("attention: q and the caches need a contiguous head dimension")
+    block_q = meta.block_q
+    if block_q < 1 or block_q & (block_q - 1):
+        raise ValueError(f"attention: meta.block_q must be a power of two, got {block_q}")
+    if out is None:
+        out = torch.empty(T, Hq, D, dtype=q.dtype, device=q.device)
+    elif out.shape != q.shape or out.stride(2) != 1:
+        raise ValueError(f"attention: out {tuple(out.shape)} must be [T, Hq, D] = {tuple(q.shape)} "
+                         "with a contiguous head dimension")
+    P = meta.prog_req.shape[0]
+    if P == 0:
+        return out
+    G = Hq // Hkv
+    GP = _next_pow2(G)
+    BLOCK_M = max(MIN_BLOCK_M, block_q * GP)
+    D_PAD = max(16, _next_pow2(D))
+    if num_splits is None:
+        num_splits = choose_num_splits(P * Hkv, meta.max_ctx_len, q.device)
+    split = num_splits > 1
+    if split:
+        ws_acc = torch.empty(num_splits, T, Hq, D, dtype=torch.float32, device=q.device)
+        ws_ml = torch.empty(num_splits, T, Hq, 2, dtype=torch.float32, device=q.device)
+    else:
+        ws_acc = ws_ml = out  # unused
+    num_warps = 8 if BLOCK_M * D_PAD >= 64 * 128 else 4  # 64-row tiles: spread the fp32 accumulator
+    _paged_attn_kernel[(P, Hkv, num_splits)](
+        q, k_cache, v_cache, out, ws_acc, ws_ml,
+        meta.positions, meta.cache_index, meta.query_start, meta.ctx_len, meta.kv_start,
+        meta.req_row, meta.mask_start, meta.mask_offset, meta.block_table, meta.mask,
+        meta.prog_req, meta.prog_q0,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
+        meta.block_table.stride(0), T, Hq, scale * _LOG2E, window or 0, num_splits,
+        BLOCK_SIZE=meta.block_size, G=G, GP=GP, BLOCK_Q=block_q, BLOCK_M=BLOCK_M,
+        BLOCK_N=block_n if D_PAD <= 128 else 32,
+        D=D, D_PAD=D_PAD, HAS_WINDOW=window is not None, SPLIT=split,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_F32=_INTERPRET and q.dtype != torch.float32,
+        # 3 stages keep two key blocks in flight (cp.async) for the small decode/verify tiles;
+        # 64-row tiles have no registers left for a third.
+        num_warps=num_warps, num_stages=3 if BLOCK_M <= 32 else 2,
+    )
+    if split:
+        _split_reduce_kernel[(P, Hkv)](
+            out, ws_acc, ws_ml, meta.query_start, meta.prog_req, meta.prog_q0,
+            out.stride(0), out.stride(1), T, Hq, num_splits,
+            G=G, GP=GP, BLOCK_Q=block_q, BLOCK_M=BLOCK_M, D=D, D_PAD=D_PAD, num_warps=num_warps,
+        )
+    return out
+
+
+@triton.jit
+def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+                     stride_kt, stride_kh, stride_vt, stride_vh, stride_ct, stride_ch,
+                     stride_vct, stride_vch, HKV: tl.constexpr, HKV_PAD: tl.constexpr,
+                     D: tl.constexpr, D_PAD: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    h = tl.arange(0, HKV_PAD)[:, None]
+    d = tl.arange(0, D_PAD)[None, :]
+    # slot < 0: the KV lives in a shared block. (Broadcast before comparing: the interpreter
+    # rejects a scalar bool in a mask.)
+    mask = (h < HKV) & (d < D) & ((h * 0 + slot) >= 0)
+    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
+    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
+    tl.store(k_cache_ptr + slot * stride_ct + h * stride_ch + d, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + slot * stride_vct + h * stride_vch + d, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> None:
+    """Write k[t], v[t] ([T, Hkv, D], contiguous head dim, any row/head strides) into the flat
+    caches [num_slots, Hkv, D] at slot_mapping[t]; rows with a negative slot are skipped.
+    One program per row; no host sync."""
+    T, Hkv, D = k.shape
+    if v.shape != k.shape or k_cache.shape[1:] != (Hkv, D) or v_cache.shape[1:] != (Hkv, D) \
+            or slot_mapping.shape != (T,):
+        raise ValueError(f"store_kv: k {tuple(k.shape)}, v {tuple(v.shape)}, slot_mapping "
+                         f"{tuple(slot_mapping.shape)} do not match caches {tuple(k_cache.shape)}")
+    if k.stride(2) != 1 or v.stride(2) != 1 or k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
+        raise ValueError("store_kv: k, v and the caches need a contiguous head dimension")
+    if T == 0:
+        return
+    _store_kv_kernel[(T,)](
+        k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        HKV=Hkv, HKV_PAD=_next_pow2(Hkv), D=D, D_PAD=_next_pow2(D), num_warps=4)
