@@ -209,3 +209,7 @@ def plot(res: dict, path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -195,8 +195,25 @@ BACKENDS = [pytest.param("torch", id="torch"),
                          marks=pytest.mark.skipif(not HAS_TRITON, reason="triton not installed"))]
 
 
+def _to(batch: Batch, dev: torch.device) -> Batch:
+    """The batch's tensors on `dev` (the Triton backend on a GPU machine runs compiled kernels)."""
+    import dataclasses
+    meta = dataclasses.replace(batch.meta, **{f.name: getattr(batch.meta, f.name).to(dev)
+                                              for f in dataclasses.fields(batch.meta)
+                                              if isinstance(getattr(batch.meta, f.name), torch.Tensor)})
+    return dataclasses.replace(batch, q=batch.q.to(dev), k_cache=batch.k_cache.to(dev), v_cache=batch.v_cache.to(dev),
+                               new_k=batch.new_k.to(dev), new_v=batch.new_v.to(dev), meta=meta)
+
+
 def run(backend, batch: Batch, scale, window=None, **kw):
     store, attn = (_torch_backend if backend == "torch" else _triton_backend)()
+    if backend == "triton" and torch.cuda.is_available():
+        dev = _to(batch, torch.device("cuda"))
+        store(dev.k_cache, dev.v_cache, dev.new_k, dev.new_v, dev.meta.slot_mapping)
+        out = attn(dev.q, dev.k_cache, dev.v_cache, dev.meta, scale, window, **kw)
+        batch.k_cache.copy_(dev.k_cache.cpu())
+        batch.v_cache.copy_(dev.v_cache.cpu())
+        return out.cpu()
     store(batch.k_cache, batch.v_cache, batch.new_k, batch.new_v, batch.meta.slot_mapping)
     return attn(batch.q, batch.k_cache, batch.v_cache, batch.meta, scale, window, **kw)
 
