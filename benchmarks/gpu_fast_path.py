@@ -72,7 +72,7 @@ def step_times(llm: LLM, b: int, steps: int = 12) -> dict:
     target forward alone (its CUDA graph replayed, CUDA events)."""
     eng = llm.engine
     for i, p in enumerate(prompts(b, seed=b)):
-        eng.add_request(f"st{b}-{i}", p, SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True))
+        eng.add_request(f"st{b}-{i}", p, SamplingParams(max_tokens=1024, temperature=0.0, ignore_eos=True))
     while any(r.num_computed < len(r.prompt_token_ids) for r in eng.scheduler.running) or eng.scheduler.waiting:
         eng.step()
     for _ in range(3):

@@ -64,7 +64,7 @@ class CudaGraphs:
         r = self.runner
         t0 = time.perf_counter()
         torch.cuda.synchronize()
-        free0 = torch.cuda.mem_get_info()[0]
+        reserved0 = torch.cuda.memory_reserved()
         self.pool = torch.cuda.graph_pool_handle()
         todo = [(b, q, tree) for q, tree in self.shapes() for b in batch_buckets(r.cfg.scheduler.max_num_seqs)
                 if b * q <= MAX_GRAPH_TOKENS]
@@ -72,7 +72,7 @@ class CudaGraphs:
             self.graphs[(b, q, tree)] = self._capture(b, q, tree)
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - t0
-        self.memory_bytes = free0 - torch.cuda.mem_get_info()[0]
+        self.memory_bytes = torch.cuda.memory_reserved() - reserved0  # the graphs' pool
         log.info("captured %d CUDA graphs in %.1f s, %.2f GiB", len(self.graphs), self.capture_seconds,
                  self.memory_bytes / 2**30)
 
