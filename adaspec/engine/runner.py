@@ -213,39 +213,51 @@ class ModelRunner:
             lay.append(_Req(t, s.num_new_tokens, pad, depth, nodes, nv if s.samples else -1))
             nv += s.samples
             t += s.num_new_tokens + pad
-        T = t
-        ids = np.zeros(T, dtype=np.int64)
-        pos = np.zeros(T, dtype=np.int64)
-        cidx = np.zeros(T, dtype=np.int64)
-        slots = np.full(T, -1, dtype=np.int64)
+        # Plain lists, one append per row: per-request numpy calls cost more than the
+        # arithmetic at large batches.
+        ids, pos, cidx, slots = [], [], [], []
         q_lens, ctx, mstart, moff = [], [], [], []
         mask_parts = []
         moffset = 0
         tree_mode = bool(trees)
+        bs = self.block_size
         for i, (s, L) in enumerate(zip(sched, lay)):
-            r, c = s.req, s.req.num_computed
-            a, b = L.row0, L.row0 + L.n_new
-            ids[a:b] = r.all_token_ids[c:c + L.n_new]
-            pos[a:b] = cidx[a:b] = np.arange(c, c + L.n_new)
-            slots[a:b] = [self._slot(r, p) if p >= r.no_kv_write_below else -1 for p in range(c, c + L.n_new)]
-            q_lens.append(L.n_new + L.pad)
+            r, c, nn = s.req, s.req.num_computed, L.n_new
+            blocks = r.block_ids
+            if nn == 1:
+                ids.append(r.all_token_ids[c])
+                pos.append(c)
+                cidx.append(c)
+                slots.append(blocks[c // bs] * bs + c % bs if c >= r.no_kv_write_below else -1)
+            else:
+                ids.extend(r.all_token_ids[c:c + nn])
+                rng = range(c, c + nn)
+                pos.extend(rng)
+                cidx.extend(rng)
+                nkw = r.no_kv_write_below
+                slots.extend(blocks[p // bs] * bs + p % bs if p >= nkw else -1 for p in rng)
+            q_lens.append(nn + L.pad)
             if L.pad == 0:
-                ctx.append(c + L.n_new)
-                mstart.append(c + L.n_new)
+                ctx.append(c + nn)
+                mstart.append(c + nn)
                 moff.append(0)
                 continue
-            n = r.num_tokens  # root = token n-1 at cache index n-1
-            j = np.arange(1, N)
-            cidx[b:b + L.pad] = n - 1 + j
+            n = r.num_tokens  # root = token n-1 at cache index n-1; draft node j at n-1+j
+            cidx.extend(range(n, n - 1 + N))
             if i in trees:
                 tr = trees[i]
                 k = tr.size
-                ids[b:b + k - 1] = tr.tokens[1:]
-                pos[b:b + L.pad] = n - 1 + np.array(tr.depths[1:] + [0] * (N - k))
-                slots[b:b + k - 1] = [self._slot(r, n - 1 + jj) for jj in range(1, k)]
+                ids.extend(tr.tokens[1:])
+                ids.extend([0] * (N - k))
+                pos.extend(n - 1 + d for d in tr.depths[1:])
+                pos.extend([n - 1] * (N - k))
+                slots.extend(blocks[p // bs] * bs + p % bs for p in range(n, n - 1 + k))
+                slots.extend([-1] * (N - k))
             else:
-                pos[b:b + L.pad] = n - 1 + j
-                slots[b:b + L.depth] = [self._slot(r, n - 1 + jj) for jj in range(1, L.depth + 1)]
+                ids.extend([0] * (N - 1))     # filled on the device by the chain drafter
+                pos.extend(range(n, n - 1 + N))
+                slots.extend(blocks[p // bs] * bs + p % bs for p in range(n, n + L.depth))
+                slots.extend([-1] * (N - 1 - L.depth))
             if tree_mode:   # tree region = the N nodes, root included
                 m = np.zeros((N, N), dtype=np.uint8)
                 if i in trees:
@@ -266,10 +278,10 @@ class ModelRunner:
         extra = B_pad - len(sched)
         if extra:  # padding requests of the captured batch size: no keys, no KV writes
             q = q_lens[0]
-            ids = np.concatenate([ids, np.zeros(extra * q, np.int64)])
-            pos = np.concatenate([pos, np.zeros(extra * q, np.int64)])
-            cidx = np.concatenate([cidx, np.zeros(extra * q, np.int64)])
-            slots = np.concatenate([slots, np.full(extra * q, -1, np.int64)])
+            ids += [0] * (extra * q)
+            pos += [0] * (extra * q)
+            cidx += [0] * (extra * q)
+            slots += [-1] * (extra * q)
             q_lens += [q] * extra
             ctx += [0] * extra
             mstart += [0] * extra
@@ -289,24 +301,32 @@ class ModelRunner:
 
         # Verify batch (requests that sample): rows of logits, tree structure, limits.
         V = [i for i in range(len(sched)) if lay[i].vi >= 0]
-        vrows = np.zeros((len(V), N), dtype=np.int64)
-        vtok = np.zeros((len(V), N), dtype=np.int64)
-        vpar = np.full((len(V), N), -1, dtype=np.int64)
-        vlim = np.zeros(len(V), dtype=np.int64)
-        for k, i in enumerate(V):
+        vrows, vtok, vpar, vlim = [], [], [], []
+        chain_par = list(range(-1, N - 1))
+        for i in V:
             L = lay[i]
             last = L.row0 + L.n_new - 1
-            vrows[k] = last
-            vtok[k, 0] = reqs[i].all_token_ids[-1] if L.pad else 0
-            if L.pad:
-                vrows[k, 1:] = np.arange(L.row0 + L.n_new, L.row0 + L.n_new + L.pad)
-                if i in trees:
-                    tr = trees[i]
-                    vtok[k, 1:tr.size] = tr.tokens[1:]
-                    vpar[k, 1:tr.size] = tr.parents[1:]
-                else:
-                    vpar[k, 1:] = np.arange(0, N - 1)
-                vlim[k] = L.depth
+            if not L.pad:
+                vrows.extend([last] * N)
+                vtok.extend([0] * N)
+                vpar.extend([-1] * N)
+                vlim.append(0)
+                continue
+            vrows.extend(range(last, last + N))
+            vlim.append(L.depth)
+            if i in trees:
+                tr = trees[i]
+                vtok.append(reqs[i].all_token_ids[-1])
+                vtok.extend(tr.tokens[1:])
+                vtok.extend([0] * (N - tr.size))
+                vpar.extend(tr.parents)
+                vpar.extend([-1] * (N - tr.size))
+            else:
+                vtok.append(reqs[i].all_token_ids[-1])
+                vtok.extend([0] * (N - 1))
+                vpar.extend(chain_par)
+        shape = (len(V), N)
+        vrows, vtok, vpar = (np.array(x, dtype=np.int64).reshape(shape) for x in (vrows, vtok, vpar))
         vrows_d = stg.add(vrows, torch.int64)
         vtok_d = stg.add(vtok, torch.int64)
         vpar_d = stg.add(vpar, torch.int64)
@@ -497,30 +517,34 @@ class ModelRunner:
         base, dsel, vreq, emj, htok, dpos, dslot, last, lastadd = [], [], [], [], [], [], [], [], []
         q_lens = []
         D = N - 1
+        bs = self.block_size
         for i, (s, L) in enumerate(zip(sched, lay)):
             q_lens.append(L.n_new + (D if L.pad else 0))
             r, c = s.req, s.req.num_computed
             n = r.num_tokens
+            blocks, toks = r.block_ids, r.all_token_ids
+            vi = max(L.vi, 0)
             for j in range(L.n_new):
                 p = c + j
                 base.append(L.row0 + j)
                 dsel.append(0)
-                vreq.append(max(L.vi, 0))
+                vreq.append(vi)
                 known = p + 1 < n
                 emj.append(-1 if known else 0)
-                htok.append(r.all_token_ids[p + 1] if known else 0)
+                htok.append(toks[p + 1] if known else 0)
                 dpos.append(p)
-                dslot.append(self._slot(r, p + 1))
+                dslot.append(blocks[(p + 1) // bs] * bs + (p + 1) % bs)
             if L.pad:
+                root = L.row0 + L.n_new - 1
                 for d in range(1, D + 1):
                     p = n - 1 + d
-                    base.append(L.row0 + L.n_new - 1)
+                    base.append(root)
                     dsel.append(d)
                     vreq.append(L.vi)
                     emj.append(d)
                     htok.append(0)
                     dpos.append(p)
-                    dslot.append(self._slot(r, p + 1) if d <= L.depth else -1)
+                    dslot.append(blocks[(p + 1) // bs] * bs + (p + 1) % bs if d <= L.depth else -1)
                 last.append(len(base) - 1 - D)
                 lastadd.append(L.vi)
             else:
