@@ -1,4 +1,4 @@
-"""CUDA graphs of the target forward for uniform batches (every request has the same number
+"""CUDA graphs of the chain drafter (K greedy draft steps) and of the target forward for uniform batches (every request has the same number
 of query rows q): decode (q = 1) and verification (q = k + 1 for chains, N for trees), at
 batch-size buckets up to `max_num_seqs`. One memory pool is shared by all graphs (captured
 largest first). A batch between buckets is padded with requests that have no keys and
@@ -37,10 +37,25 @@ class _Graph:
         return self.logits, self.aux
 
 
+class _DraftGraph:
+    """K chain draft steps for `batch` rows: static inputs (hidden, token), static drafts."""
+
+    def __init__(self, batch: int, graph, h0, tok0, out):
+        self.batch, self.graph, self.h0, self.tok0, self.out = batch, graph, h0, tok0, out
+
+    def run(self, h: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+        n = h.shape[0]
+        self.h0[:n].copy_(h)
+        self.tok0[:n].copy_(tok)
+        self.graph.replay()
+        return self.out
+
+
 class CudaGraphs:
     def __init__(self, runner):
         self.runner = runner
         self.graphs: dict[tuple[int, int, bool], _Graph] = {}
+        self.draft_graphs: dict[tuple[int, int], _DraftGraph] = {}
         self.pool = None
         self.capture_seconds = 0.0
         self.memory_bytes = 0
@@ -64,16 +79,23 @@ class CudaGraphs:
         r = self.runner
         t0 = time.perf_counter()
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()   # capture empties the cache too: measure from the same floor
         reserved0 = torch.cuda.memory_reserved()
         self.pool = torch.cuda.graph_pool_handle()
         todo = [(b, q, tree) for q, tree in self.shapes() for b in batch_buckets(r.cfg.scheduler.max_num_seqs)
                 if b * q <= MAX_GRAPH_TOKENS]
         for b, q, tree in sorted(todo, key=lambda x: -x[0] * x[1]):
             self.graphs[(b, q, tree)] = self._capture(b, q, tree)
+        if r.draft is not None:  # chain drafting: every depth the policies may pick
+            buckets = batch_buckets(r.cfg.scheduler.max_num_seqs)
+            for k in range(r.cfg.spec.num_steps, 0, -1):
+                for b in reversed(buckets):
+                    self.draft_graphs[(b, k)] = self._capture_draft(b, k)
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - t0
         self.memory_bytes = torch.cuda.memory_reserved() - reserved0  # the graphs' pool
-        log.info("captured %d CUDA graphs in %.1f s, %.2f GiB", len(self.graphs), self.capture_seconds,
+        log.info("captured %d CUDA graphs in %.1f s, %.2f GiB", len(self.graphs) + len(self.draft_graphs),
+                 self.capture_seconds,
                  self.memory_bytes / 2**30)
 
     def lookup(self, q_lens: list[int], tree: bool) -> _Graph | None:
@@ -84,6 +106,41 @@ class CudaGraphs:
             if b >= B:
                 return self.graphs.get((b, q, tree))
         return None
+
+    def draft_graph(self, B: int, K: int) -> _DraftGraph | None:
+        for b in batch_buckets(self.runner.cfg.scheduler.max_num_seqs):
+            if b >= B:
+                return self.draft_graphs.get((b, K))
+        return None
+
+    @torch.inference_mode()
+    def _capture_draft(self, b: int, k: int) -> _DraftGraph:
+        r = self.runner
+        stg = r.draft_stg
+        stg.begin()
+        steps = []
+        for st in range(k):  # the same layout `ModelRunner._stage_chain` produces for b rows
+            meta, _, pos = stage_forward(
+                stg, r.backend, r.rows.block_table, r.block_size, r.draft_group, q_lens=[1] * b, ctx_len=[0] * b,
+                kv_start=[1] * b, req_row=[r.rows.pad_row] * b, positions=np.full(b, st, np.int64),
+                cache_index=np.full(b, 1 + st, np.int64), slots=np.full(b, -1, np.int64),
+                max_ctx_len=r.max_model_len)
+            steps.append((meta, pos))
+        stg.commit()
+        if not hasattr(self, "_h0"):
+            n = r.cfg.scheduler.max_num_seqs
+            self._h0 = torch.zeros(n, r.draft.spec.hidden_size, dtype=r.dtype, device=r.device)
+            self._tok0 = torch.zeros(n, dtype=torch.int64, device=r.device)
+        h0, tok0 = self._h0[:b], self._tok0[:b]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            r.draft_chain(h0, tok0, steps)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool):
+            out = r.draft_chain(h0, tok0, steps)
+        return _DraftGraph(b, g, self._h0, self._tok0, out)
 
     def _stage_dummy(self, b: int, q: int, tree: bool):
         r = self.runner

@@ -227,7 +227,8 @@ class Engine:
             "prefix_cache_hit_tokens": self.kv.prefix_hit_tokens,
             "num_steps": self.counters["num_steps"],
             "attention_backend": self.runner.backend.name,
-            "cuda_graphs": len(self.runner.graphs.graphs) if self.runner.graphs else 0,
+            "cuda_graphs": (len(self.runner.graphs.graphs) + len(self.runner.graphs.draft_graphs)
+                            if self.runner.graphs else 0),
             "cuda_graph_capture_s": round(self.runner.graphs.capture_seconds, 2) if self.runner.graphs else 0.0,
             "cuda_graph_memory_bytes": self.runner.graphs.memory_bytes if self.runner.graphs else 0,
         }

@@ -125,6 +125,7 @@ class ModelRunner:
         max_rows = sc.max_num_batched_tokens + sc.max_num_seqs * (n + 1)
         nbytes = 256 * max_rows * (self.max_draft + 3) + 16 * sc.max_num_seqs * n * n + (1 << 20)
         self.stg = Staging(nbytes, self.device)
+        self.draft_stg = Staging(64 * sc.max_num_seqs * (self.max_draft + 1) * 8 + (1 << 16), self.device)
         self.tree_drafter = (TreeDrafter(self.draft, self.backend, self.block_size, self.device, self.draft_group)
                              if self.draft is not None else None)
         if self.device.type == "cuda" and self.backend.graphable and not self.cfg.enforce_eager:
@@ -452,39 +453,59 @@ class ModelRunner:
 
     # ---- chain drafting on the device -----------------------------------------------------
     def _stage_chain(self, stg, sched, lay, reqs, rows, N):
-        """Stage the metadata of the K draft steps of every speculating request. Step i feeds
-        pair (hidden, token) at cache index n-1+i, rotary position n-2+i, and sees keys
-        1 .. n-1+i of the draft cache (slot 0 is never read)."""
+        """Stage the K draft steps of every speculating request. Step i feeds the pair
+        (hidden, token) at cache index n-1+i, rotary position n-2+i, and sees keys 1 .. n-1+i
+        of the draft cache (slot 0 is never read). The steps' metadata goes to the drafter's
+        own static buffer (one more copy), laid out per (batch bucket, K) so that a captured
+        draft graph finds it; indices into the target's rows go to the step's buffer."""
         spec = [i for i, s in enumerate(sched) if s.draft is not None and lay[i].pad]
         K = N - 1
-        ns = np.array([reqs[i].num_tokens for i in spec], dtype=np.int64)
+        B = len(spec)
+        graph = self.graphs.draft_graph(B, K) if self.graphs is not None else None
+        pad = (graph.batch if graph is not None else B) - B
+        bs = self.block_size
+        ns = np.array([reqs[i].num_tokens for i in spec] + [2] * pad, dtype=np.int64)  # pads: positions >= 0
         depth = [lay[i].depth for i in spec]
+        dstg = self.draft_stg
+        dstg.begin()
         steps = []
         for st in range(K):
-            slots = [self._slot(reqs[i], n - 1 + st) if st < d else -1 for i, n, d in zip(spec, ns, depth)]
+            slots = [reqs[i].block_ids[(n - 1 + st) // bs] * bs + (n - 1 + st) % bs if st < d else -1
+                     for i, n, d in zip(spec, ns, depth)] + [-1] * pad
             meta, _, pos = stage_forward(
-                stg, self.backend, self.rows.block_table, self.block_size, self.draft_group,
-                q_lens=[1] * len(spec), ctx_len=ns + st, kv_start=[1] * len(spec),
-                req_row=[rows[i] for i in spec], positions=ns - 2 + st, cache_index=ns - 1 + st, slots=slots)
+                dstg, self.backend, self.rows.block_table, self.block_size, self.draft_group,
+                q_lens=[1] * (B + pad), ctx_len=np.concatenate([ns[:B] + st, np.zeros(pad, np.int64)]),
+                kv_start=[1] * (B + pad), req_row=[rows[i] for i in spec] + [self.rows.pad_row] * pad,
+                positions=ns - 2 + st, cache_index=ns - 1 + st, slots=slots)
             steps.append((meta, pos))
-        return {"steps": steps, "vidx": stg.add([lay[i].vi for i in spec], torch.int64),
+        dstg.commit()
+        return {"steps": steps, "graph": graph, "B": B, "vidx": stg.add([lay[i].vi for i in spec], torch.int64),
                 "root_rows": stg.add([lay[i].row0 for i in spec], torch.int64),
                 "rows": stg.add([rows[i] for i in spec], torch.int64),
                 "draft_rows": stg.add([[lay[i].row0 + 1 + j for j in range(K)] for i in spec], torch.int64)}
 
-    def _run_chain(self, drafts, ids_d, N) -> torch.Tensor:
-        """K draft forwards, greedy top-1 each; returns target-vocabulary drafts [B, K] and
-        writes them into the target forward's input ids."""
+    def draft_chain(self, h: torch.Tensor, tok: torch.Tensor, steps) -> torch.Tensor:
+        """K greedy draft forwards from (hidden, token) [B]; returns target-vocabulary drafts
+        [B, K]. Captured as is by the draft CUDA graphs."""
         head = self.draft
-        h = self.rows.draft_hidden[drafts["rows"].t]
-        tok = ids_d[drafts["root_rows"].t]
         out = []
-        for meta, pos in drafts["steps"]:
+        for meta, pos in steps:
             with forward_context(ForwardContext(meta, self.backend, self.draft_cache)):
                 logits, h = head(h, tok, pos)
             tok = head.to_target_ids(logits.argmax(-1))
             out.append(tok)
-        dt = torch.stack(out, dim=1)
+        return torch.stack(out, dim=1)
+
+    def _run_chain(self, drafts, ids_d, N) -> torch.Tensor:
+        """Draft the chains (a CUDA graph when one fits) and write the drafts into the target
+        forward's input ids. Returns drafts [B, K]."""
+        h = self.rows.draft_hidden[drafts["rows"].t]
+        tok = ids_d[drafts["root_rows"].t]
+        graph = drafts["graph"]
+        if graph is not None:
+            dt = graph.run(h, tok)[: drafts["B"]]
+        else:
+            dt = self.draft_chain(h, tok, drafts["steps"])
         ids_d[drafts["draft_rows"].t.reshape(-1)] = dt.reshape(-1)
         return dt
 
