@@ -289,6 +289,8 @@ def test_rows_seeing_nothing_are_zero_and_garbage_never_read(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_store_kv_skips_negative_slots(backend):
     b = make_batch([Req(prefix=4, q_len=2), Req(prefix=1, q_len=3, share=(0, 1))], 2, 2, 8, 3, block_q=1)
+    if backend == "triton" and torch.cuda.is_available():  # compiled kernels need device tensors
+        b = _to(b, torch.device("cuda"))
     before = b.k_cache.clone()
     store = (_torch_backend if backend == "torch" else _triton_backend)()[0]
     # k as a strided view of a fused buffer, as the fused rotary path produces it
@@ -300,7 +302,7 @@ def test_store_kv_skips_negative_slots(backend):
     written = slots[slots >= 0]
     torch.testing.assert_close(b.k_cache[written], b.new_k[slots >= 0], atol=0, rtol=0)
     torch.testing.assert_close(b.v_cache[written], b.new_v[slots >= 0], atol=0, rtol=0)
-    untouched = torch.ones(len(before), dtype=torch.bool)
+    untouched = torch.ones(len(before), dtype=torch.bool, device=before.device)
     untouched[written] = False
     torch.testing.assert_close(b.k_cache[untouched], before[untouched], atol=0, rtol=0, equal_nan=True)
 
@@ -386,19 +388,21 @@ def test_triton_writes_into_out_and_leaves_other_rows():
     from adaspec.layers.attention.triton_kernels import triton_paged_attention
 
     b = make_batch([Req(prefix=5, q_len=2), Req(prefix=3, q_len=1)], 2, 1, 16, 3, block_q=1)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels: device tensors
+    b = _to(b, dev)
     torch_store_kv(b.k_cache, b.v_cache, b.new_k, b.new_v, b.meta.slot_mapping)
-    q = torch.cat([b.q, torch.randn(1, 2, 16)])  # one padding row beyond the last request
-    out = torch.full((4, 2, 16), 7.0)
+    q = torch.cat([b.q, torch.randn(1, 2, 16, device=dev)])  # one padding row beyond the last request
+    out = torch.full((4, 2, 16), 7.0, device=dev)
     got = triton_paged_attention(q, b.k_cache, b.v_cache, b.meta, 0.25, out=out)
     assert got is out
-    assert torch.equal(out[3], torch.full((2, 16), 7.0))
+    assert torch.equal(out[3], torch.full((2, 16), 7.0, device=dev))
     want = torch_paged_attention(b.q, b.k_cache, b.v_cache, b.meta, 0.25)
     torch.testing.assert_close(out[:3], want, atol=2e-5, rtol=2e-5)
     # A CUDA graph's fixed grid: the plan padded with programs whose first row lies past their
     # request's end (prog_q0 >= max_q_len) must change nothing and read nothing.
-    b.meta.prog_req = torch.cat([b.meta.prog_req, torch.tensor([0, 1], dtype=torch.int32)])
-    b.meta.prog_q0 = torch.cat([b.meta.prog_q0, torch.tensor([b.meta.max_q_len] * 2, dtype=torch.int32)])
-    out2 = torch.full((4, 2, 16), 7.0)
+    b.meta.prog_req = torch.cat([b.meta.prog_req, torch.tensor([0, 1], dtype=torch.int32, device=dev)])
+    b.meta.prog_q0 = torch.cat([b.meta.prog_q0, torch.tensor([b.meta.max_q_len] * 2, dtype=torch.int32, device=dev)])
+    out2 = torch.full((4, 2, 16), 7.0, device=dev)
     triton_paged_attention(q, b.k_cache, b.v_cache, b.meta, 0.25, out=out2, num_splits=2)
     torch.testing.assert_close(out2, out, atol=2e-5, rtol=2e-5)
 
