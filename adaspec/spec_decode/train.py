@@ -204,6 +204,8 @@ def prompt_of_record(rec: dict) -> tuple[str | list[dict], bool]:
 
 def _prompts_and_windows(cfg: TrainConfig, tokenizer, gen: torch.Generator) -> tuple[list[list[int]], list[list[int]]]:
     """(prompts to continue, windows kept as they are) from cfg.data, at most num_sequences."""
+    from adaspec.server.prompts import encode_chat, encode_text, has_chat_template
+
     texts, jsonls = _data_files(cfg.data)
     prompts: list[list[int]] = []
     for f in jsonls:
@@ -216,12 +218,11 @@ def _prompts_and_windows(cfg: TrainConfig, tokenizer, gen: torch.Generator) -> t
                 raise ValueError(f"{f}:{n}: {e}") from None
             if not chat and isinstance(prompt, list):
                 ids = prompt
-            elif chat and getattr(tokenizer, "chat_template", None):
-                ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-                ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+            elif chat and has_chat_template(tokenizer):
+                ids = encode_chat(tokenizer, prompt)  # as the server encodes chat requests
             else:
                 text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
-                ids = tokenizer.encode(text)
+                ids = encode_text(tokenizer, text)
             if ids:
                 prompts.append(ids[-(cfg.seq_len - cfg.ttt_steps - 2):])  # keep room to generate
     windows: list[list[int]] = []
