@@ -82,6 +82,7 @@ class TrainConfig:
     lr: float = 1e-2
     ttt_steps: int = 3                   # unrolled draft steps per position
     step_weight: float = 0.8             # loss weight of unrolled step k is step_weight**k
+    loss: str = "soft"                   # "soft": CE against the target's distribution; "hard": its argmax
     seed: int = 0
     num_sequences: int = 1024            # training + held-out sequences built from the data
     prompt_len: int = 8                  # prompt tokens of a window (files, random prompts)
@@ -109,6 +110,8 @@ class TrainConfig:
                              f"(seq_len={self.seq_len}, prompt_len={self.prompt_len}, ttt_steps={self.ttt_steps})")
         if self.steps < 1 or self.batch_size < 1 or self.ttt_steps < 1 or self.num_sequences < 2:
             raise ValueError("steps, batch_size and ttt_steps must be >= 1 and num_sequences >= 2")
+        if self.loss not in ("soft", "hard"):
+            raise ValueError(f"loss must be 'soft' or 'hard', got {self.loss!r}")
         if self.regenerate_with not in ("engine", "hf"):
             raise ValueError(f"regenerate_with must be 'engine' or 'hf', got {self.regenerate_with!r}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
@@ -438,19 +441,24 @@ def ttt_forward(head, embed: nn.Embedding, aux: torch.Tensor, tokens: torch.Tens
 
 
 def ttt_loss(logits, srcs, valids, target_logits: torch.Tensor, t_ids: torch.Tensor, t2d: torch.Tensor,
-             d2t: torch.Tensor, step_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(weighted loss, correct [K], counted [K]). Per step: soft cross-entropy against the
-    target's distribution over the draft vocabulary, on valid positions whose target argmax
-    is in it; "correct" = the draft's argmax (as a target id) equals the target's argmax."""
+             d2t: torch.Tensor, step_weight: float, soft: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weighted loss, correct [K], counted [K]). Per step: cross-entropy against the target's
+    distribution over the draft vocabulary (`soft`, as SpecForge) or against its argmax (hard:
+    what greedy acceptance needs, better for tiny random targets whose distributions are
+    flat), on valid positions whose target argmax is in the draft vocabulary; "correct" = the
+    draft's argmax (as a target id) equals the target's argmax."""
     tgt_arg = target_logits.argmax(-1)  # [B, T]
-    tgt_logp = torch.log_softmax(target_logits[..., t_ids].float(), dim=-1)  # [B, T, Vd]
+    tgt_logp = torch.log_softmax(target_logits[..., t_ids].float(), dim=-1) if soft else None  # [B, T, Vd]
+    t2d_index = torch.cumsum(t2d.long(), 0) - 1  # target id -> draft id (valid where t2d)
     loss = torch.zeros((), device=target_logits.device)
     correct, counted = [], []
     for k, (lg, src, vd) in enumerate(zip(logits, srcs, valids)):
         lab = tgt_arg[:, src]
         m = vd & t2d[lab]
-        p = tgt_logp[:, src].exp()
-        ce = -(p * torch.log_softmax(lg.float(), dim=-1)).sum(-1)
+        if soft:
+            ce = -(tgt_logp[:, src].exp() * torch.log_softmax(lg.float(), dim=-1)).sum(-1)
+        else:
+            ce = F.cross_entropy(lg.float().transpose(1, 2), t2d_index[lab].clamp(min=0), reduction="none")
         mf = m.float()
         loss = loss + (step_weight ** k) * (ce * mf).sum() / mf.sum().clamp(min=1)
         pred = lg.argmax(-1)
@@ -615,7 +623,8 @@ def _train(target_dir: Path, out_dir: Path, cfg: TrainConfig) -> dict:
         with _autocast(dev, amp):
             aux, tgt_logits = feats(ids)
             logits, srcs, valids = ttt_forward(head, embed, aux, ids, cfg.ttt_steps, lens)
-        loss, correct, counted = ttt_loss(logits, srcs, valids, tgt_logits, t_ids, t2d, d2t, cfg.step_weight)
+        loss, correct, counted = ttt_loss(logits, srcs, valids, tgt_logits, t_ids, t2d, d2t, cfg.step_weight,
+                                          soft=cfg.loss == "soft")
         if s >= total - max(1, total // 10):
             tail_correct += correct
             tail_total += counted
@@ -776,6 +785,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--ttt-steps", type=int, default=3, help="unrolled draft steps (SpecForge uses 7)")
     ap.add_argument("--step-weight", type=float, default=0.8)
+    ap.add_argument("--loss", choices=["soft", "hard"], default="soft",
+                    help="soft: CE against the target's distribution (SpecForge); hard: against its argmax")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--num-sequences", type=int, default=1024)
     ap.add_argument("--prompt-len", type=int, default=8)
@@ -800,7 +811,7 @@ def main(argv: list[str] | None = None) -> int:
         aux = tuple(int(x) for x in a.aux_layers.split(",")) if a.aux_layers else None
         res = train_eagle3_head(
             a.target, a.out, steps=a.steps, seq_len=a.seq_len, batch_size=a.batch, lr=a.lr, ttt_steps=a.ttt_steps,
-            step_weight=a.step_weight, seed=a.seed, num_sequences=a.num_sequences, prompt_len=a.prompt_len,
+            step_weight=a.step_weight, loss=a.loss, seed=a.seed, num_sequences=a.num_sequences, prompt_len=a.prompt_len,
             aux_layers=aux, data=tuple(a.data), regenerate=not a.no_regenerate, regenerate_with=a.regenerate_with,
             draft_vocab_size=a.draft_vocab_size, device=a.device, dtype=a.dtype,
             checkpoint_every=a.checkpoint_every, resume=a.resume, log_every=a.log_every,
