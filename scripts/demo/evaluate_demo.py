@@ -98,6 +98,9 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=96)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--functions", type=int, default=64)
+    ap.add_argument("--specs", default=None,
+                    help="NUM_STEPS,TOPK,NUM_DRAFT_TOKENS[;...] (default: chains of 2, 3, 4, 6 and the 2,4,16 tree)")
+    ap.add_argument("--skip-parse", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--write-test-set", default=None)
     a = ap.parse_args()
@@ -116,8 +119,8 @@ def main() -> int:
         Path(a.write_test_set).write_text("".join(json.dumps({"prompt": p}) + "\n" for p in test_prompts))
 
     t0 = time.perf_counter()
-    funcs = function_prompts(files, a.functions)
-    outs = llm.generate(funcs, SamplingParams(max_tokens=128, temperature=0.0))
+    funcs = [] if a.skip_parse else function_prompts(files, a.functions)
+    outs = llm.generate(funcs, SamplingParams(max_tokens=128, temperature=0.0)) if funcs else []
     ok = [parses(cut_function(p, o.text)) for p, o in zip(funcs, outs)]
     result["parse"] = {"functions": len(funcs), "parsed": sum(ok), "rate": sum(ok) / max(1, len(funcs)),
                        "max_tokens": 128}
@@ -129,7 +132,9 @@ def main() -> int:
 
     windows = code_windows(files, a.prompts, a.prompt_tokens, tok)
     prompts = [tok.encode(w) for w in windows]
-    result["acceptance"] = acceptance_lengths(target, head, prompts, a.max_tokens, CHAIN_AND_TREE, device="cpu")
+    specs = CHAIN_AND_TREE if a.specs is None else tuple(
+        tuple(int(x) for x in part.split(",")) for part in a.specs.split(";"))
+    result["acceptance"] = acceptance_lengths(target, head, prompts, a.max_tokens, specs, device="cpu")
     text = json.dumps(result, indent=1)
     if a.out:
         Path(a.out).write_text(text)
