@@ -8,8 +8,12 @@ On Python files held out of both trainings (`DATA_DIR/heldout.jsonl`, see prepar
   16-token tree (2 steps, topk 4);
 - parse rate: the first `--functions` functions with a docstring (methods dedented); the
   prompt is the signature and docstring, the greedy completion (at most 128 tokens) is cut
-  where the function ends (the first non-blank line indented no deeper than `def`) and the
-  whole must parse with `ast`.
+  where the function ends (the first non-blank line indented no deeper than `def`); the
+  whole must parse with `ast` AND the function must have a statement after its docstring
+  (else a completion that writes no body at all would count). The prompt stops right after
+  the docstring's closing quotes, without the newline: the BPE merges a newline with the
+  next line's indentation ("\n    " is one token), so a prompt ending in "\n" asks for a
+  token boundary the model never saw in training, and it then starts a new top-level line.
 `--write-test-set PATH` also writes the prompts the test suite ships (tests/data/).
 """
 from __future__ import annotations
@@ -61,7 +65,7 @@ def function_prompts(files: list[dict], n: int) -> list[tuple[str, int]]:
             if not (isinstance(doc, ast.Expr) and isinstance(getattr(doc, "value", None), ast.Constant)
                     and isinstance(doc.value.value, str)) or len(node.body) < 2:
                 continue
-            head = textwrap.dedent("".join(lines[node.lineno - 1:doc.end_lineno]))
+            head = textwrap.dedent("".join(lines[node.lineno - 1:doc.end_lineno])).rstrip("\n")
             if len(head) > 1200:
                 continue
             out.append(head)
@@ -81,12 +85,14 @@ def cut_function(prompt: str, completion: str) -> str:
     return prompt + "".join(kept)
 
 
-def parses(src: str) -> bool:
+def parses_with_body(src: str) -> bool:
+    """`src` parses and its first function has a statement after the docstring."""
     try:
-        ast.parse(src)
-        return True
+        tree = ast.parse(src)
     except (SyntaxError, ValueError):
         return False
+    fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    return fn is not None and len(fn.body) >= 2
 
 
 def main() -> int:
@@ -101,6 +107,7 @@ def main() -> int:
     ap.add_argument("--specs", default=None,
                     help="NUM_STEPS,TOPK,NUM_DRAFT_TOKENS[;...] (default: chains of 2, 3, 4, 6 and the 2,4,16 tree)")
     ap.add_argument("--skip-parse", action="store_true")
+    ap.add_argument("--skip-acceptance", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--write-test-set", default=None)
     a = ap.parse_args()
@@ -121,7 +128,7 @@ def main() -> int:
     t0 = time.perf_counter()
     funcs = [] if a.skip_parse else function_prompts(files, a.functions)
     outs = llm.generate(funcs, SamplingParams(max_tokens=128, temperature=0.0)) if funcs else []
-    ok = [parses(cut_function(p, o.text)) for p, o in zip(funcs, outs)]
+    ok = [parses_with_body(cut_function(p, o.text)) for p, o in zip(funcs, outs)]
     result["parse"] = {"functions": len(funcs), "parsed": sum(ok), "rate": sum(ok) / max(1, len(funcs)),
                        "max_tokens": 128}
     result["parse_examples"] = [{"prompt": p, "completion": o.text, "parses": k}
@@ -130,6 +137,12 @@ def main() -> int:
           f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
     del llm
 
+    if a.skip_acceptance:
+        text = json.dumps(result, indent=1)
+        if a.out:
+            Path(a.out).write_text(text)
+        print(text)
+        return 0
     windows = code_windows(files, a.prompts, a.prompt_tokens, tok)
     prompts = [tok.encode(w) for w in windows]
     specs = CHAIN_AND_TREE if a.specs is None else tuple(
