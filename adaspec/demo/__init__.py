@@ -1,8 +1,8 @@
 """The demo pair shipped with the package: a small Llama-architecture Python code model and
 its EAGLE-3 head, so that `adaspec serve` with no --model shows speculation at work.
 
-How they were made (data, licences, steps, losses, held-out figures): DEMO.md beside this
-file and scripts/demo/ in the repository.
+How they were made (data, licences, steps, losses, held-out figures): scripts/demo/README.md
+in the repository, with the scripts that reproduce them.
 """
 from __future__ import annotations
 
