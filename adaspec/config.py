@@ -127,7 +127,9 @@ class EngineConfig:
 
 def add_engine_cli_args(p: argparse.ArgumentParser) -> None:
     """The engine options every command shares (serve, generate, compare)."""
-    p.add_argument("--model", required=True, help="local Hugging Face model directory")
+    p.add_argument("--model", default=None,
+                   help="local Hugging Face model directory (default: the bundled demo pair, "
+                        "its EAGLE-3 head as --draft and --speculation auto)")
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--draft", default=None, help="EAGLE-3 head directory")
     p.add_argument("--speculation", choices=SPECULATION_POLICIES, default=None,

@@ -97,11 +97,12 @@ def make_tiny_model(path: str | os.PathLike, arch: str = "llama", *, hidden_size
 
 def make_eagle3_head(path: str | os.PathLike, target_dir: str | os.PathLike, *, draft_vocab_size: int | None = None,
                      seed: int = 1, aux_layer_ids: list[int] | None = None, init_std: float = 0.2,
-                     state_dict: dict[str, torch.Tensor] | None = None, with_embed: bool = False) -> Path:
+                     state_dict: dict[str, torch.Tensor] | None = None, with_embed: bool = False,
+                     torch_dtype: str = "float32") -> Path:
     """Write an EAGLE-3 head (SpecForge / SGLang layout) sized for `target_dir`.
 
-    With `state_dict` the given tensors are written instead of random ones (used by tests
-    that train a head). `draft_vocab_size=None` writes a full-vocabulary head without d2t.
+    With `state_dict` the given tensors are written instead of random ones (the trainer and
+    tests); `torch_dtype` is what config.json says they are. `draft_vocab_size=None` writes a full-vocabulary head without d2t.
     """
     from safetensors.torch import save_file
 
@@ -122,7 +123,7 @@ def make_eagle3_head(path: str | os.PathLike, target_dir: str | os.PathLike, *, 
         "draft_vocab_size": draft_vocab_size, "rms_norm_eps": tcfg.get("rms_norm_eps", 1e-6),
         "max_position_embeddings": tcfg.get("max_position_embeddings", 2048),
         "rope_theta": (tcfg.get("rope_parameters") or {}).get("rope_theta", tcfg.get("rope_theta", 10000.0)),
-        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "float32",
+        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": torch_dtype,
     }
     if aux_layer_ids is not None:
         cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux_layer_ids}

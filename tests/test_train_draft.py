@@ -119,3 +119,72 @@ def test_bad_arguments(trained, tmp_path):
         train_eagle3_head(target, tmp_path / "h", steps=1, aux_layers=(1, 2, 9))
     with pytest.raises(ValueError, match="seq_len"):
         train_eagle3_head(target, tmp_path / "h", steps=1, seq_len=4, prompt_len=8)
+
+
+def _jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_prompt_formats():
+    from adaspec.spec_decode.train import prompt_of_record
+
+    assert prompt_of_record({"prompt": "def f("}) == ("def f(", False)
+    assert prompt_of_record({"prompt_ids": [5, 6]}) == ([5, 6], False)
+    assert prompt_of_record({"question_id": 1, "turns": ["Hi", "again"]}) == ([{"role": "user", "content": "Hi"}], True)
+    conv = {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"},
+                              {"from": "gpt", "value": "Hello"}]}
+    assert prompt_of_record(conv) == ([{"role": "system", "content": "Be brief."},
+                                       {"role": "user", "content": "Hi"}], True)
+    with pytest.raises(ValueError, match="no prompt"):
+        prompt_of_record({"answer": "x"})
+
+
+def test_train_on_files_and_prompts_then_resume(tok_model_dir, tmp_path):
+    """Files, a folder and a jsonl of prompts (continued by the target with our engine); a
+    frequency-chosen draft vocabulary; checkpoints; the held-out acceptance JSON; the head
+    loads and is lossless; --resume continues the step counter and the loss curve."""
+    from safetensors.torch import load_file
+
+    data = tmp_path / "src"
+    data.mkdir()
+    (data / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 12)
+    (data / "notes.txt").write_text("Speculative decoding drafts tokens and verifies them. " * 12)
+    (data / "blob.bin").write_bytes(bytes(range(256)))  # not a text suffix: skipped
+    prompts = _jsonl(tmp_path / "p.jsonl", [{"prompt": "Hello world!"}, {"turns": ["Write a haiku."]},
+                                            {"conversations": [{"from": "human", "value": "def add(a, b):"}]}])
+    out = tmp_path / "head"
+    kw = dict(data=[str(data), str(prompts)], seq_len=32, prompt_len=8, batch_size=4, num_sequences=24,
+              draft_vocab_size=64, log_every=1, checkpoint_every=2, lr=3e-3, num_threads=1)
+    r1 = train_eagle3_head(tok_model_dir, out, steps=4, eval_prompts=2, eval_max_tokens=8,
+                           eval_specs=[(2, 1, 3), (2, 2, 4)], **kw)
+    assert r1["steps"] == 4 and [s for s, _ in r1["losses"]] == [0, 1, 2, 3]
+    assert r1["num_sequences"] == 24
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 64 and cfg["torch_dtype"] == "float32"
+    sd = load_file(str(out / "model.safetensors"))
+    assert sd["lm_head.weight"].shape[0] == 64 and int(sd["t2d"].sum()) == 64
+    t_ids = torch.arange(64) + sd["d2t"]
+    assert bool(sd["t2d"][t_ids].all()) and bool((t_ids[1:] > t_ids[:-1]).all())
+    ev = json.loads((out / "eval.json").read_text())
+    assert [(e["kind"], e["num_draft_tokens"]) for e in ev] == [("chain", 3), ("tree", 4)]
+    assert all(1.0 <= e["accept_length"] <= 3.0 for e in ev)
+
+    prompts_ids = [[5, 6, 7, 8], [40, 41, 42]]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    ref = [o.token_ids for o in LLM(tok_model_dir, device="cpu").generate(prompts_ids, params)]
+    spec = LLM(tok_model_dir, draft=str(out), speculation="always", num_steps=2, device="cpu")
+    assert [o.token_ids for o in spec.generate(prompts_ids, params)] == ref
+
+    r2 = train_eagle3_head(tok_model_dir, out, steps=7, resume=True, **kw)
+    assert r2["steps"] == 7 and r2["losses"][:4] == r1["losses"]
+    assert [s for s, _ in r2["losses"]] == list(range(7))
+    with pytest.raises(ValueError, match="more --steps"):
+        train_eagle3_head(tok_model_dir, out, steps=7, resume=True, **kw)
+
+
+def test_cli_errors(tok_model_dir, tmp_path, capsys):
+    assert main(["--target", tok_model_dir, "--out", str(tmp_path / "h"), "--data", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["--target", tok_model_dir, "--out", str(tmp_path / "h2"), "--resume"]) == 2
+    assert "no checkpoint" in capsys.readouterr().err

@@ -261,6 +261,11 @@ def compare_main(argv: Sequence[str]) -> int:
                    help="seconds to wait for each server's /health")
     add_bench_args(p, for_compare=True)
     a = p.parse_args(list(argv))
+    from adaspec.demo import apply_demo_defaults
+    try:
+        apply_demo_defaults(a, set_policy=False)  # no --model: the bundled demo pair
+    except ValueError as e:
+        p.error(str(e))
     if a.speculation is not None or a.spec_disable_batch_size is not None:
         p.error("--speculation/--spec-disable-batch-size are set per configuration: use --configs")
     try:

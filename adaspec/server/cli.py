@@ -27,7 +27,10 @@ def _setup_logging(level: str) -> None:
 
 
 def _load_engine(args: argparse.Namespace):
+    from adaspec.demo import apply_demo_defaults
     from adaspec.engine.engine import Engine
+
+    apply_demo_defaults(args)  # no --model: the bundled demo pair, speculation auto
     return Engine(EngineConfig.create(args.model, **engine_kwargs_from_cli(args)))
 
 

@@ -1,0 +1,73 @@
+"""The bundled demo pair: it loads, speculation on it is lossless (chain and tree), its head
+is accepted on held-out Python, and `adaspec serve` with no model arguments serves it.
+
+tests/data/demo_heldout.jsonl holds prompts cut from Python files held out of both
+trainings (scripts/demo/evaluate_demo.py --write-test-set)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from adaspec import LLM, SamplingParams
+from adaspec.bench.server import ServerProcess, free_port
+from adaspec.demo import DEMO_HEAD, DEMO_MODEL_NAME, DEMO_TARGET, demo_available
+
+pytestmark = pytest.mark.skipif(not demo_available(), reason="the demo pair is not bundled")
+
+PROMPTS = [json.loads(line)["prompt"] for line in
+           (Path(__file__).parent / "data" / "demo_heldout.jsonl").read_text().splitlines() if line.strip()][:4]
+MAX_TOKENS = 32
+
+
+def _params():
+    return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    llm = LLM(str(DEMO_TARGET), device="cpu")
+    return [o.token_ids for o in llm.generate(PROMPTS, _params())]
+
+
+@pytest.mark.parametrize("num_steps,topk,num_draft_tokens,min_accept", [(4, 1, 5, 2.0), (2, 4, 16, 2.0)],
+                         ids=["chain4", "tree16"])
+def test_demo_speculation_lossless_and_accepted(baseline, num_steps, topk, num_draft_tokens, min_accept):
+    llm = LLM(str(DEMO_TARGET), draft=str(DEMO_HEAD), speculation="always", num_steps=num_steps, topk=topk,
+              num_draft_tokens=num_draft_tokens, device="cpu")
+    outs = llm.generate(PROMPTS, _params())
+    assert [o.token_ids for o in outs] == baseline
+    st = llm.stats()
+    assert st["accept_length"] >= min_accept, st
+    assert st["accept_length"] < num_steps + 1  # not every draft is right: the test can fail
+
+
+def test_demo_files_are_small_and_in_specforge_layout():
+    size = sum(f.stat().st_size for d in (DEMO_TARGET, DEMO_HEAD) for f in d.iterdir())
+    assert size <= 25 * 2 ** 20
+    cfg = json.loads((DEMO_HEAD / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] < cfg["vocab_size"]
+    from safetensors import safe_open
+    with safe_open(str(DEMO_HEAD / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert {"fc.weight", "d2t", "t2d", "lm_head.weight", "midlayer.hidden_norm.weight"} <= names
+    assert not any(n.startswith("embed_tokens") for n in names)
+
+
+def test_serve_without_model_arguments(tmp_path):
+    port = free_port()
+    cmd = [sys.executable, "-m", "adaspec.cli", "serve", "--port", str(port), "--log-level", "info"]
+    with ServerProcess(cmd, f"http://127.0.0.1:{port}", tmp_path / "serve.log", startup_timeout=240,
+                       stop_grace=20) as server:
+        models = httpx.get(f"{server.base_url}/v1/models", timeout=30).json()
+        assert [m["id"] for m in models["data"]] == [DEMO_MODEL_NAME]
+        r = httpx.post(f"{server.base_url}/v1/completions", timeout=120, json={
+            "model": DEMO_MODEL_NAME, "prompt": PROMPTS[0], "max_tokens": 16, "temperature": 0})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["usage"]["completion_tokens"] == 16 and body["choices"][0]["text"]
+    log = (tmp_path / "serve.log").read_text()
+    assert "speculation auto" in log and str(DEMO_HEAD) in log, log
