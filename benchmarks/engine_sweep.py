@@ -88,14 +88,23 @@ def main(argv=None) -> int:
     batches = [int(x) for x in a.batches.split(",")]
     results: dict[str, list] = {}
     for policy in a.policies.split(","):
-        llm = LLM(a.model, draft=a.draft if policy != "off" else None, speculation=policy, device=a.device,
-                  dtype=a.dtype, num_steps=a.num_steps, kv_cache_memory=a.kv_cache_memory,
-                  max_num_seqs=max(batches), **(extra if policy != "off" else {"load_format": extra.get("load_format", "auto")}))
+        # "name" or "name:tree" (the 16-token tree: topk 4, 2 steps) or "name:chainK"
+        name, _, shape = policy.partition(":")
+        shape_kw = dict(num_steps=a.num_steps)
+        if shape == "tree":
+            shape_kw = dict(num_steps=2, topk=4, num_draft_tokens=16)
+        elif shape.startswith("chain"):
+            shape_kw = dict(num_steps=int(shape[5:]))
+        llm = LLM(a.model, draft=a.draft if name != "off" else None, speculation=name, device=a.device,
+                  dtype=a.dtype, kv_cache_memory=a.kv_cache_memory, max_num_seqs=max(batches), **shape_kw,
+                  **(extra if name != "off" else {"load_format": extra.get("load_format", "auto")}))
         results[policy] = [run(llm, b, a.input_len, a.output_len, vocab, seed=b) for b in batches]
         for r in results[policy]:
             print(f"{policy:>8} b={r['batch']:>4} {r['output_tok_s']:9.1f} tok/s  accept={r['accept_length']}  "
                   f"hist={r['draft_len_histogram']}", flush=True)
         del llm
+        import gc
+        gc.collect()  # the engine holds reference cycles: free its KV cache before the next one
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     print("\noutput tok/s, ratio to off (same run)")
