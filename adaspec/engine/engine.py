@@ -57,6 +57,11 @@ class Engine:
         self.draft_len_histogram: Counter = Counter()
         self.last_draft_len = 0
         self._ids = itertools.count()
+        # Progress watch: a step that plans nothing while requests are unfinished made no
+        # progress. The scheduler's liveness argument says this never lasts; if it does, the
+        # server's /health and LLM.generate report it instead of spinning silently.
+        self.num_stalled_steps = 0
+        self.stalled_since: float | None = None
         if self.runner.draft is not None and hasattr(self.policy, "warm_up"):
             self.policy.warm_up(self)
 
@@ -118,12 +123,23 @@ class Engine:
         plan = self.scheduler.schedule()
         failed = [r for r in self.requests.values() if r.is_finished and r.error]
         if plan.empty:
+            if failed or not self.scheduler.has_unfinished():
+                self._progressed()
+            else:
+                self.num_stalled_steps += 1
+                if self.stalled_since is None:
+                    self.stalled_since = time.monotonic()
             return self._outputs(failed)
+        self._progressed()
         t0 = time.perf_counter()
         results = self.runner.execute(plan)
         changed = self.scheduler.postprocess(plan, results)
         self._observe(plan, results, time.perf_counter() - t0)
         return self._outputs(failed + changed)
+
+    def _progressed(self) -> None:
+        self.num_stalled_steps = 0
+        self.stalled_since = None
 
     def _observe(self, plan: StepPlan, results: list[StepResult], elapsed: float) -> None:
         acc, drafted = Counter(), Counter()
@@ -201,6 +217,7 @@ class Engine:
             "generation_tokens": self.counters["generation_tokens"],
             "prefix_cache_hit_tokens": self.kv.prefix_hit_tokens,
             "num_steps": self.counters["num_steps"],
+            "num_stalled_steps": self.num_stalled_steps,
         }
 
 
@@ -210,6 +227,8 @@ class LLM:
         llm = LLM("path/to/model", device="cpu", dtype="float32")
         outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=32, temperature=0.0))
     """
+
+    MAX_STALLED_STEPS = 100
 
     def __init__(self, model: str, **kwargs):
         self.engine = Engine.from_kwargs(model, **kwargs)
@@ -252,6 +271,11 @@ class LLM:
                         bar.update(1)
             if not self.engine.has_unfinished() and len(done) < len(ids):
                 raise RuntimeError("engine stopped with unfinished requests")
+            if self.engine.num_stalled_steps >= self.MAX_STALLED_STEPS:
+                for rid in ids:
+                    self.engine.abort_request(rid)
+                raise RuntimeError(f"the engine made no progress in {self.MAX_STALLED_STEPS} steps with "
+                                   f"{len(ids) - len(done)} requests unfinished (a scheduler bug)")
         if bar:
             bar.close()
         return [done[r] for r in ids]
