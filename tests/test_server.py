@@ -338,7 +338,8 @@ BAD_REQUESTS = [
 @pytest.mark.parametrize("endpoint,body,status,param", BAD_REQUESTS,
                          ids=[f"{i}-{e}-{p}" for i, (e, _, _, p) in enumerate(BAD_REQUESTS)])
 def test_bad_input_is_4xx_with_openai_error(server, endpoint, body, status, param):
-    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) \
+        else {"json": body}
     r = httpx.post(f"{server.url}/v1/{endpoint}", timeout=30, **kw)
     assert r.status_code == status, r.text
     err = r.json()["error"]
