@@ -35,10 +35,10 @@ def _free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str]):
+    def __init__(self, args: list[str], env: dict[str, str] | None = None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
         self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would block the server
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "adaspec.cli", "serve", *args, "--host", "127.0.0.1", "--port", str(self.port),

@@ -431,8 +431,10 @@ class OpenAIServing:
 
     def _stream(self, streams: list[RequestStream], chunk, base: dict, req, first) -> StreamingResponse:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        complete = False      # the body was sent to the end
 
         async def body() -> AsyncIterator[str]:
+            nonlocal complete
             finals: list[RequestOutput | None] = [None] * len(streams)
             try:
                 if first is not None:
@@ -451,13 +453,13 @@ class OpenAIServing:
             except EngineError as e:
                 self.metrics.on_rejected("engine_error")
                 yield _sse(APIError(str(e), status=500, type="server_error", code="engine_error").body())
+            complete = True
             yield "data: [DONE]\n\n"
 
         # The background task runs even when the client disconnects before the first chunk, a case
         # in which the generator's own cleanup never runs (it was never started).
         def cleanup() -> None:
-            # The body ends with every stream finished unless the client went away first.
-            if any(not st.finished for st in streams):
+            if not complete:   # the client went away first (a normal event, not an error)
                 self.metrics.on_disconnect("stream")
             self.abort_unfinished(streams)
 
