@@ -4,15 +4,17 @@ a last-resort error answer that keeps the connection usable.
 `RequestGuard` (ASGI middleware, outermost but for Starlette's own error middleware), in order:
   401 authentication_error  /v1/* without `Authorization: Bearer <api key>` (when a key is set);
                             /health, /metrics and /server_info stay open (vLLM does the same)
-  413 invalid_request_error a body over `max_body_bytes`: refused from Content-Length before a
-                            byte of it is read, or as soon as a chunked body passes the limit
+  413 invalid_request_error a body over `max_body_bytes`: known from Content-Length before a
+                            byte of it is stored, or as soon as a chunked body passes the limit
   415 invalid_request_error a POST whose Content-Type is not application/json (a web page can
                             post text/plain across origins without a preflight; not JSON)
   408 invalid_request_error the body not complete `body_timeout_s` after the headers (slowloris)
   500 server_error          an exception no handler caught, answered here (not re-raised) so the
                             keep-alive connection survives it; logged with its traceback
-413 and 408 close the connection (the rest of the body is never read, so the stream cannot
-carry another request); every other error response leaves it open.
+Before a 413 the rest of the body is read and thrown away (up to `max_body_bytes` more, within
+the deadline): a client still sending would otherwise be reset, and a reset can destroy the
+answer in its receive buffer. If the whole body was read the connection stays open, else it is
+closed, as it is after a 408. Every other error response leaves the connection open.
 
 `GuardedH11Protocol` (uvicorn's h11 protocol) closes connections that have not sent a complete
 request head within `header_timeout_s` of opening or of their last response: ASGI middleware
@@ -59,10 +61,13 @@ class RequestGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        deadline = time.monotonic() + self.body_timeout_s
         early = self._check_head(scope, headers)
         if early is not None:
+            if early[0] == 413:
+                read_all = await self._drain(receive, deadline)
+                return await self._answer(send, *early, close=not read_all)
             return await self._answer(send, *early)
-        deadline = time.monotonic() + self.body_timeout_s
         received = 0
         body_done = scope["method"] in ("GET", "HEAD")
         started = False
@@ -94,7 +99,8 @@ class RequestGuard:
         except _Reject as r:
             if started:
                 raise
-            await self._answer(send, r.status, r.message, r.reason, close=True)
+            read_all = r.status == 413 and await self._drain(receive, deadline)
+            await self._answer(send, r.status, r.message, r.reason, close=not read_all)
         except Exception:
             logger.exception("%s %s failed", scope["method"], scope["path"])
             if started:  # a response is half sent: the connection cannot be saved
@@ -111,12 +117,27 @@ class RequestGuard:
         if scope["method"] == "POST":
             length = headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-                return 413, self._too_large(), "body_too_large", "invalid_request_error", None, True
+                return 413, self._too_large(), "body_too_large"
             media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if media != "application/json":
                 return (415, f"the request body must be JSON sent as Content-Type: application/json "
                              f"(got {media or 'no content type'!r})", "unsupported_media_type")
         return None
+
+    async def _drain(self, receive, deadline: float) -> bool:
+        """Read and discard the rest of a refused body; True if it was read to its end."""
+        budget = self.max_body_bytes
+        while budget > 0:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                return False
+            if message["type"] != "http.request":
+                return False
+            budget -= len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return True
+        return False
 
     def _too_large(self) -> str:
         return f"the request body exceeds the server's limit of {self.max_body_bytes} bytes"
