@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from adaspec.config import SchedulerConfig, SpecConfig
 from adaspec.engine.engine import Engine, LLM
@@ -114,14 +115,22 @@ def test_waiting_request_keeps_no_prefix_blocks_after_a_failed_admission():
 
 
 # ----- the real engine ------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Many tiny steps: intra-op threads only add overhead (and thrash on a shared machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def head_dir(llama_dir, tmp_path_factory):
     return str(make_eagle3_head(tmp_path_factory.mktemp("liveness") / "head", llama_dir))
 
 
-ENGINE_CASES = [  # (seed, speculation: None or (num_steps, topk))
-    (0, None), (1, None), (2, None), (3, None), (4, (2, 1)), (5, (2, 1)), (6, (3, 2)), (7, (3, 2)),
-]
+SPECS = [None, (2, 1), None, (3, 2)]   # speculation: off, chain of 2, off, tree (3 steps, topk 2)
+ENGINE_CASES = [(seed, SPECS[seed % len(SPECS)]) for seed in range(16)]
 
 
 @pytest.mark.parametrize("seed,spec", ENGINE_CASES)
@@ -137,7 +146,7 @@ def test_engine_liveness_under_kv_pressure(llama_dir, head_dir, seed, spec):
     limit = engine.max_model_len
     pending = []
     for i, p in enumerate(_prompt_mix(rng, rng.randint(4, 8), limit - 1)):
-        pending.append((str(i), p, SamplingParams(max_tokens=rng.randint(1, min(24, limit - len(p))),
+        pending.append((str(i), p, SamplingParams(max_tokens=rng.randint(1, min(40, limit - len(p))),
                                                   temperature=rng.choice([0.0, 1.0]), seed=i, ignore_eos=True)))
     n, done = len(pending), {}
     for _ in range(2000):
