@@ -11,10 +11,10 @@ a last-resort error answer that keeps the connection usable.
   408 invalid_request_error the body not complete `body_timeout_s` after the headers (slowloris)
   500 server_error          an exception no handler caught, answered here (not re-raised) so the
                             keep-alive connection survives it; logged with its traceback
-Before a 413 the rest of the body is read and thrown away (up to `max_body_bytes` more, within
-the deadline): a client still sending would otherwise be reset, and a reset can destroy the
-answer in its receive buffer. If the whole body was read the connection stays open, else it is
-closed, as it is after a 408. Every other error response leaves the connection open.
+Before a 401, 413 or 415 the (rest of the) body is read and thrown away, up to `max_body_bytes`
+within the deadline: a client still sending would otherwise be reset, and a reset can destroy
+the answer in its receive buffer. If the whole body was read the connection stays open, else it
+is closed, as it is after a 408. Every other error response leaves the connection open.
 
 `GuardedH11Protocol` (uvicorn's h11 protocol) closes connections that have not sent a complete
 request head within `header_timeout_s` of opening or of their last response: ASGI middleware
@@ -64,10 +64,9 @@ class RequestGuard:
         deadline = time.monotonic() + self.body_timeout_s
         early = self._check_head(scope, headers)
         if early is not None:
-            if early[0] == 413:
-                read_all = await self._drain(receive, deadline)
-                return await self._answer(send, *early, close=not read_all)
-            return await self._answer(send, *early)
+            # A client that asked to be told before sending its body gets told, not drained.
+            read_all = headers.get("expect", "").lower() != "100-continue" and await self._drain(receive, deadline)
+            return await self._answer(send, *early, close=not read_all)
         received = 0
         body_done = scope["method"] in ("GET", "HEAD")
         started = False
@@ -83,9 +82,9 @@ class RequestGuard:
                               "body_timeout") from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if received > self.max_body_bytes:
                     raise _Reject(413, self._too_large(), "body_too_large")
-                body_done = not message.get("more_body", False)
             return message
 
         async def tracked_send(message):
@@ -99,7 +98,7 @@ class RequestGuard:
         except _Reject as r:
             if started:
                 raise
-            read_all = r.status == 413 and await self._drain(receive, deadline)
+            read_all = r.status == 413 and (body_done or await self._drain(receive, deadline))
             await self._answer(send, r.status, r.message, r.reason, close=not read_all)
         except Exception:
             logger.exception("%s %s failed", scope["method"], scope["path"])
