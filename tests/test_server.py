@@ -35,10 +35,10 @@ def _free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str]):
+    def __init__(self, args: list[str], env: dict[str, str] | None = None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
         self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would block the server
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "adaspec.cli", "serve", *args, "--host", "127.0.0.1", "--port", str(self.port),
@@ -342,7 +342,8 @@ BAD_REQUESTS = [
 @pytest.mark.parametrize("endpoint,body,status,param", BAD_REQUESTS,
                          ids=[f"{i}-{e}-{p}" for i, (e, _, _, p) in enumerate(BAD_REQUESTS)])
 def test_bad_input_is_4xx_with_openai_error(server, endpoint, body, status, param):
-    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) \
+        else {"json": body}
     r = httpx.post(f"{server.url}/v1/{endpoint}", timeout=30, **kw)
     assert r.status_code == status, r.text
     err = r.json()["error"]

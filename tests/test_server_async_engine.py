@@ -293,3 +293,34 @@ def test_overload_returns_503_with_retry_after(fake_server):
 def test_batch_larger_than_the_queue_limit_is_400_not_503(fake_server):
     r = _complete(fake_server.url, [[1]] * 65, max_tokens=1)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+def test_health_reports_a_stalled_engine(fake_server):
+    """/health fails while the engine reports no progress with work pending (Engine.stalled_since)."""
+    engine = fake_server.engine
+    try:
+        engine.stalled_since = time.monotonic() - 60
+        r = httpx.get(fake_server.url + "/health")
+        assert r.status_code == 503 and r.json()["status"] == "stalled"
+        engine.stalled_since = time.monotonic()          # within the stall timeout: still ok
+        assert httpx.get(fake_server.url + "/health").status_code == 200
+    finally:
+        engine.stalled_since = None
+    assert httpx.get(fake_server.url + "/health").json() == {"status": "ok"}
+
+
+def test_unexpected_exception_is_500_and_keeps_the_connection(fake_server, monkeypatch):
+    serving = fake_server.app.state.serving
+
+    def broken():
+        raise RuntimeError("boom")
+    monkeypatch.setattr(serving, "server_info", broken)
+    with httpx.Client(base_url=fake_server.url, timeout=10) as c:
+        r = c.get("/server_info")
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        port = r.extensions["network_stream"].get_extra_info("client_addr")[1]
+        monkeypatch.undo()
+        r = c.get("/server_info")
+        assert r.status_code == 200
+        # The same connection (client port) carried both: the 500 did not close it.
+        assert r.extensions["network_stream"].get_extra_info("client_addr")[1] == port

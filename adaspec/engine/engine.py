@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -59,6 +60,11 @@ class Engine:
         self.last_draft_len = 0
         self._ids = itertools.count()
         self.sampling_defaults = self._sampling_defaults(cfg)
+        # Progress watch: a step that plans nothing while requests are unfinished made no
+        # progress. The scheduler's liveness argument says this never lasts; if it does, the
+        # server's /health and LLM.generate report it instead of spinning silently.
+        self.num_stalled_steps = 0
+        self.stalled_since: float | None = None
         if self.runner.draft is not None and hasattr(self.policy, "warm_up"):
             from adaspec.spec_decode.profile import profile_step_times
             self.policy.warm_up(lambda shapes: profile_step_times(self, shapes))
@@ -144,11 +150,22 @@ class Engine:
         plan = self.scheduler.schedule()
         failed = [r for r in self.requests.values() if r.is_finished and r.error]
         if plan.empty:
+            if failed or not self.scheduler.has_unfinished():
+                self._progressed()
+            else:
+                self.num_stalled_steps += 1
+                if self.stalled_since is None:
+                    self.stalled_since = time.monotonic()
             return self._outputs(failed)
+        self._progressed()
         results = self.runner.execute(plan)
         changed = self.scheduler.postprocess(plan, results)
         self._observe(plan, results, self.runner.last_step_time)
         return self._outputs(failed + changed)
+
+    def _progressed(self) -> None:
+        self.num_stalled_steps = 0
+        self.stalled_since = None
 
     def _observe(self, plan: StepPlan, results: list[StepResult], elapsed: float) -> None:
         acc, drafted = Counter(), Counter()
@@ -231,6 +248,7 @@ class Engine:
                             if self.runner.graphs else 0),
             "cuda_graph_capture_s": round(self.runner.graphs.capture_seconds, 2) if self.runner.graphs else 0.0,
             "cuda_graph_memory_bytes": self.runner.graphs.memory_bytes if self.runner.graphs else 0,
+            "num_stalled_steps": self.num_stalled_steps,
         }
 
 
@@ -246,6 +264,8 @@ class LLM:
     SamplingParams you construct yourself is used exactly as given (as in vLLM);
     `llm.default_sampling_params(max_tokens=64)` gives the model's defaults plus your fields.
     """
+
+    MAX_STALLED_STEPS = 100
 
     def __init__(self, model: str, **kwargs):
         self.engine = Engine.from_kwargs(model, **kwargs)
@@ -291,6 +311,11 @@ class LLM:
                         bar.update(1)
             if not self.engine.has_unfinished() and len(done) < len(ids):
                 raise RuntimeError("engine stopped with unfinished requests")
+            if self.engine.num_stalled_steps >= self.MAX_STALLED_STEPS:
+                for rid in ids:
+                    self.engine.abort_request(rid)
+                raise RuntimeError(f"the engine made no progress in {self.MAX_STALLED_STEPS} steps with "
+                                   f"{len(ids) - len(done)} requests unfinished (a scheduler bug)")
         if bar:
             bar.close()
         return [done[r] for r in ids]

@@ -7,6 +7,13 @@
      dropping a request's speculation, then preempting the newest request, if blocks run out
 `postprocess()` appends emitted tokens, applies stop conditions, advances `num_computed`
 and rolls back the slots of rejected draft tokens.
+
+Liveness invariant: only running requests hold KV blocks. A waiting request that fails to
+reserve gives back the blocks prefix matching attached to it, and a preempted request gives
+back all of its own. So whenever nothing runs, the whole pool is free (or evictable) for the
+head of the queue, and the oldest running request is never preempted for a newer one: as
+long as every single request fits the pool (the engine's max_model_len guarantees it), each
+step either computes something or aborts a request that can never fit.
 """
 from __future__ import annotations
 
@@ -150,6 +157,11 @@ class Scheduler:
                 self._match_prefix(req)
             num_new = min(req.num_tokens - req.num_computed, budget)
             if not self.kv.reserve(req, req.num_computed + num_new + self.extra_slot):
+                # Give back the prefix-cache blocks just attached: a waiting request that kept
+                # them would pin blocks no one can use, and with preempted requests queued in
+                # front of it, every waiting request could end up pinning some while nothing
+                # runs and nothing fits (a deadlock).
+                self._unmatch(req)
                 if not self.running:
                     self._check_fits_ever(req)
                 break
@@ -168,6 +180,25 @@ class Scheduler:
         # rewriting its KV in the shared block.
         req.num_computed = cached - 1 if (cached and self.draft_sync) else cached
         req.no_kv_write_below = cached
+
+    def _unmatch(self, req: Request) -> None:
+        """Undo `_match_prefix` of a request that stays waiting (its blocks stay cached)."""
+        self.kv.free_request(req)
+        self.kv.prefix_hit_tokens -= req.num_cached_tokens
+        req.num_cached_tokens = 0
+        req.num_computed = 0
+        req.no_kv_write_below = 0
+
+    def check_invariants(self) -> None:
+        """Assert the block accounting the liveness argument rests on (tests call this)."""
+        assert all(not r.block_ids and r.num_computed == 0 for r in self.waiting), \
+            f"waiting requests hold KV: {[r for r in self.waiting if r.block_ids]}"
+        held = [0] * self.kv.num_blocks
+        for r in self.running:
+            for b in r.block_ids:
+                held[b] += 1
+        assert held == self.kv.ref_count, "block reference counts differ from the running requests' tables"
+        assert self.kv.num_free == sum(1 for c in held if c == 0)
 
     def _check_fits_ever(self, req: Request) -> None:
         need = self.kv.blocks_for(req.num_computed + min(req.num_tokens - req.num_computed,

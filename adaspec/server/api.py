@@ -4,13 +4,21 @@ Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /he
 GET /metrics (Prometheus text), GET /server_info (JSON: configuration and engine stats).
 
 Error contract: every error is {"error": {"message", "type", "param", "code"}}.
-  400 invalid_request_error  malformed JSON, wrong types (pydantic errors; FastAPI's 422 is
+  400 invalid_request_error  malformed JSON, JSON nested deeper than MAX_JSON_DEPTH, a lone
+                             surrogate in any string, an array longer than the context (or the
+                             queue limit), wrong types (pydantic errors; FastAPI's 422 is
                              remapped too), out-of-range sampling values, empty prompt, prompt or
-                             prompt + max_tokens over the context, n != 1, unsupported fields
+                             prompt + max_tokens over the context (text prompts too long to fit
+                             are refused before tokenizing), n != 1, unsupported fields
+  401 / 408 / 413 / 415      missing API key, body too slow, body too large, not JSON: see
+                             `server/guard.py`
   404 invalid_request_error  unknown model (code "model_not_found", as OpenAI answers), unknown route
   503 overloaded_error       more than --max-queue-len requests in flight, or shutting down;
-                             carries Retry-After
+                             carries Retry-After. /health answers 503 while the engine is stalled
+                             (no progress for `stall_timeout_s` with requests pending) or stopped.
   500 server_error           an internal failure of that request only; the server keeps serving
+A client that disconnects before its non-streaming answer is ready is not an error: its
+requests are aborted and counted in adaspec_client_disconnects.
 A failure after a stream has started is sent as a final `data: {"error": ...}` event before
 `data: [DONE]`.
 
@@ -22,13 +30,17 @@ Defaults (documented because OpenAI leaves them to the server):
               1.0, 1.0, -1 (off), 0.0 (OpenAI's and vLLM's). /server_info shows the ones in
               force under config.sampling_defaults; a request's own fields always win.
 Prompts are encoded as `server/prompts.py` states (shared with `adaspec generate`).
+Bodies are parsed, validated and tokenized on one worker thread (the tokenizer is not
+thread-safe), never on the event loop, so a large prompt does not stall the other streams.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import json
 import logging
+import re
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -46,6 +58,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from adaspec.engine.request import RequestOutput
 from adaspec.sampling import SamplingParams
 from adaspec.server.async_engine import AsyncEngine, EngineError, RequestStream
+from adaspec.server.guard import RequestGuard
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.prompts import encode_chat, encode_text, has_chat_template
 from adaspec.server.protocol import (APIError, ChatCompletionRequest, ChatMessage, CompletionRequest,
@@ -60,12 +73,23 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed
                    "stop_token_ids", "max_draft_tokens")
 
 
+MAX_JSON_DEPTH = 32                      # request bodies are a few levels deep; thousands is an attack
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone one: JSON lets "\ud800" through, UTF-8 cannot hold it
+# Characters that JSON leaves raw but line-splitting SSE clients (str.splitlines, JS readers)
+# take for line breaks; escaped so an event never breaks inside its JSON.
+_SSE_ESCAPES = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 @dataclass
 class ServerSettings:
     served_model_name: str
     max_queue_len: int = 1024
     retry_after_s: int = 1
     shutdown_timeout: float = 30.0
+    api_key: str | None = None               # required as a Bearer token on /v1/* when set
+    max_body_bytes: int = 8 * 1024 * 1024    # larger request bodies get 413
+    client_timeout_s: float = 30.0           # request head / body deadline (slow clients get cut)
+    stall_timeout_s: float = 5.0             # /health fails after this long without engine progress
 
 
 @dataclass
@@ -81,7 +105,7 @@ def _param_of(err: ValueError, default: str | None = None) -> str | None:
 
 
 def _sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':')).translate(_SSE_ESCAPES)}\n\n"
 
 
 async def _wait_for_disconnect(raw: Request) -> None:
@@ -107,6 +131,36 @@ class OpenAIServing:
             self.tokenizer = copy.deepcopy(tok)
         except Exception:
             self.tokenizer = tok
+        # Bodies are parsed and prompts tokenized here, one at a time (so the tokenizer copy is
+        # only ever used by this thread) and off the event loop.
+        self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="adaspec-prepare")
+        self.max_prompt_chars = self._max_prompt_chars()
+        # Arrays longer than this cannot be valid: no field holds more items than the context has
+        # tokens (token ids, messages) or the queue has places (prompts in a batch).
+        self.max_array_len = max(aengine.max_model_len, settings.max_queue_len)
+
+    def _max_prompt_chars(self) -> int | None:
+        """Most characters a prompt that fits the context can have: a token never covers more
+        characters than its vocabulary string (byte-level BPE: one character per byte; a
+        sentencepiece byte token `<0x41>` covers one), doubled for normalizers that compose
+        characters. Longer text is refused without being tokenized."""
+        if self.tokenizer is None:
+            return None
+        try:
+            pieces = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+            longest = max(len(p) for p in pieces if p is not None)
+        except Exception:  # an unusual tokenizer: no bound beyond the body size limit
+            logger.warning("could not bound prompt length from the vocabulary; relying on the body limit")
+            return None
+        return 2 * longest * self.aengine.max_model_len
+
+    async def off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
+
+    def _check_prompt_chars(self, n: int, param: str) -> None:
+        if self.max_prompt_chars is not None and n > self.max_prompt_chars:
+            raise APIError(f"the prompt has {n} characters, more than can fit the context of "
+                           f"{self.aengine.max_model_len} tokens", param=param, code="context_length_exceeded")
 
     # ----- request preparation ---------------------------------------------------------------
     def _check_common(self, req) -> None:
@@ -178,6 +232,7 @@ class OpenAIServing:
             if isinstance(item, str):
                 if not item:
                     raise APIError("the prompt is empty", param="prompt")
+                self._check_prompt_chars(len(item), "prompt")
                 ids = self._encode(item, "prompt")
             else:
                 ids = list(item)
@@ -189,6 +244,7 @@ class OpenAIServing:
         if not has_chat_template(self.tokenizer):
             raise APIError("this model has no chat template; use /v1/completions", param="messages")
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
             ids = encode_chat(self.tokenizer, messages)
         except Exception as e:  # jinja's TemplateError or a template's raise_exception()
@@ -284,10 +340,14 @@ class OpenAIServing:
             await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watcher.cancel()
-            if not work.done():
+            # Decided before cancel(): a cancelled task is not done (nor readable) until it
+            # has run its cancellation, so asking it afterwards would raise.
+            disconnected = not work.done()
+            if disconnected:
                 work.cancel()
                 self.abort_unfinished(streams)
-        if work.cancelled():
+        if disconnected:
+            self.metrics.on_disconnect("non_stream")
             return None
         exc = work.exception()
         if isinstance(exc, EngineError):
@@ -303,8 +363,13 @@ class OpenAIServing:
         c = sum(len(o.token_ids) for o in finals)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    async def completions(self, req: CompletionRequest, raw: Request) -> Response:
-        prepared = self.prepare_completion(req)
+    def _parse_and_prepare(self, body: bytes, model: type[BaseModel], prepare):
+        req = parse_body(body, model, self.max_array_len)
+        return req, prepare(req)
+
+    async def completions(self, body: bytes, raw: Request) -> Response:
+        req, prepared = await self.off_loop(self._parse_and_prepare, body, CompletionRequest,
+                                            self.prepare_completion)
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         model = req.model or self.settings.served_model_name
@@ -332,8 +397,9 @@ class OpenAIServing:
                                                  for i, o in enumerate(finals)],
                              "usage": self.usage(finals)})
 
-    async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
-        prepared = self.prepare_chat(req)
+    async def chat(self, body: bytes, raw: Request) -> Response:
+        req, prepared = await self.off_loop(self._parse_and_prepare, body, ChatCompletionRequest,
+                                            self.prepare_chat)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         model = req.model or self.settings.served_model_name
@@ -371,8 +437,10 @@ class OpenAIServing:
 
     def _stream(self, streams: list[RequestStream], chunk, base: dict, req, first) -> StreamingResponse:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        complete = False      # the body was sent to the end
 
         async def body() -> AsyncIterator[str]:
+            nonlocal complete
             finals: list[RequestOutput | None] = [None] * len(streams)
             try:
                 if first is not None:
@@ -391,13 +459,19 @@ class OpenAIServing:
             except EngineError as e:
                 self.metrics.on_rejected("engine_error")
                 yield _sse(APIError(str(e), status=500, type="server_error", code="engine_error").body())
+            complete = True
             yield "data: [DONE]\n\n"
 
         # The background task runs even when the client disconnects before the first chunk, a case
         # in which the generator's own cleanup never runs (it was never started).
+        def cleanup() -> None:
+            if not complete:   # the client went away first (a normal event, not an error)
+                self.metrics.on_disconnect("stream")
+            self.abort_unfinished(streams)
+
         return StreamingResponse(body(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                                 background=BackgroundTask(self.abort_unfinished, streams))
+                                 background=BackgroundTask(cleanup))
 
     @staticmethod
     def _with_usage(obj: dict, include_usage: bool) -> dict:
@@ -444,7 +518,36 @@ def _error_path(loc) -> str:
     return ".".join(str(x) for x in loc if isinstance(x, int) or x in _FIELD_NAMES)
 
 
-def parse_body(raw_body: bytes, model: type[BaseModel]) -> BaseModel:
+def check_json_shape(data: Any, max_array_len: int) -> None:
+    """400 for what json.loads lets through but no request may hold: nesting deeper than
+    MAX_JSON_DEPTH, arrays longer than `max_array_len`, strings (keys too) with a lone UTF-16
+    surrogate (they cannot be encoded, so the tokenizer or the response would fail). Iterative:
+    a recursive walk would itself overflow on hostile input."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise APIError(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(value, str):
+            if not value.isascii() and _SURROGATE.search(value):
+                raise APIError(f"{path or 'body'}: contains a lone UTF-16 surrogate, which is not valid "
+                               f"Unicode", param=path or None)
+        elif isinstance(value, list):
+            if len(value) > max_array_len:
+                raise APIError(f"{path or 'body'}: {len(value)} items exceed the limit of {max_array_len}",
+                               param=path or None)
+            stack.extend((v, f"{path}.{i}" if path else str(i), depth + 1) for i, v in enumerate(value)
+                         if isinstance(v, (str, list, dict)))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                key = f"{path}.{k}" if path else k
+                if not k.isascii() and _SURROGATE.search(k):
+                    raise APIError("a field name contains a lone UTF-16 surrogate, which is not valid Unicode")
+                if isinstance(v, (str, list, dict)):
+                    stack.append((v, key, depth + 1))
+
+
+def parse_body(raw_body: bytes, model: type[BaseModel], max_array_len: int = 1 << 20) -> BaseModel:
     """Parse and validate a JSON body; any problem is a 400 naming the offending field."""
     def reject_constant(name: str):
         raise ValueError(f"{name} is not a valid JSON number")
@@ -454,8 +557,11 @@ def parse_body(raw_body: bytes, model: type[BaseModel]) -> BaseModel:
         data = json.loads(raw_body, parse_constant=reject_constant)
     except (UnicodeDecodeError, ValueError) as e:
         raise APIError(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise APIError(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
     if not isinstance(data, dict):
         raise APIError("the request body must be a JSON object")
+    check_json_shape(data, max_array_len)
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -471,7 +577,7 @@ def parse_body(raw_body: bytes, model: type[BaseModel]) -> BaseModel:
 def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     """Build the app around a synchronous engine. The engine thread starts with the app's lifespan
     and stops (aborting what is left) when the app shuts down."""
-    aengine = AsyncEngine(engine)
+    aengine = AsyncEngine(engine, stall_timeout_s=settings.stall_timeout_s)
     metrics = ServerMetrics(lambda: aengine.stats, lambda: aengine.num_inflight)
     aengine.metrics = metrics
     serving = OpenAIServing(aengine, metrics, settings)
@@ -483,6 +589,7 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
             yield
         finally:
             await aengine.stop(timeout=max(5.0, settings.shutdown_timeout))
+            serving.worker.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="adaspec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.aengine = aengine
@@ -512,21 +619,19 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
         return error_response(APIError(str(exc.detail), status=exc.status_code, headers=exc.headers),
                               f"http_{exc.status_code}")
 
-    @app.exception_handler(Exception)
-    async def _internal_error(request: Request, exc: Exception):
-        logger.exception("%s %s failed", request.method, request.url.path)
-        return error_response(APIError(f"internal server error: {type(exc).__name__}", status=500,
-                                       type="server_error"), "internal_error")
+    # Uncaught exceptions are answered (500) by the RequestGuard, which keeps the connection.
+    app.add_middleware(RequestGuard, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes,
+                       body_timeout_s=settings.client_timeout_s, on_reject=metrics.on_rejected)
 
-    # Bodies are read and validated by hand (not as FastAPI body parameters) so that any
-    # content type is accepted and every validation failure becomes an OpenAI-style 400.
+    # Bodies are read and validated by hand (not as FastAPI body parameters) so that every
+    # validation failure becomes an OpenAI-style 400 (the guard has checked the content type).
     @app.post("/v1/completions")
     async def completions(raw: Request):
-        return await serving.completions(parse_body(await raw.body(), CompletionRequest), raw)
+        return await serving.completions(await raw.body(), raw)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
-        return await serving.chat(parse_body(await raw.body(), ChatCompletionRequest), raw)
+        return await serving.chat(await raw.body(), raw)
 
     @app.get("/v1/models")
     async def models():
@@ -538,6 +643,10 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     async def health():
         if not aengine.is_alive:
             return JSONResponse({"status": "unavailable"}, status_code=503)
+        stalled = aengine.stalled_for
+        if stalled is not None:
+            return JSONResponse({"status": "stalled", "message": f"the engine has made no progress for "
+                                 f"{stalled:.0f} s with requests pending"}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/metrics")

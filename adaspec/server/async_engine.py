@@ -84,8 +84,10 @@ class AsyncEngine:
     and `on_abort(stream)` for client aborts; it is called on the event loop.
     """
 
-    def __init__(self, engine: Any, *, metrics: Any = None, idle_poll_s: float = 0.5):
+    def __init__(self, engine: Any, *, metrics: Any = None, idle_poll_s: float = 0.5,
+                 stall_timeout_s: float = 5.0):
         self.engine = engine
+        self.stall_timeout_s = stall_timeout_s
         self.metrics = metrics
         self._idle_poll_s = idle_poll_s
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -131,6 +133,16 @@ class AsyncEngine:
     def num_inflight(self) -> int:
         """Requests accepted and not yet finished: waiting + running + about to be added."""
         return len(self._streams)
+
+    @property
+    def stalled_for(self) -> float | None:
+        """Seconds the engine has gone without progress while requests are pending, once that
+        exceeds `stall_timeout_s` (the engine's own watch; see Engine.stalled_since); else None."""
+        since = getattr(self.engine, "stalled_since", None)
+        if since is None:
+            return None
+        elapsed = time.monotonic() - since
+        return elapsed if elapsed > self.stall_timeout_s else None
 
     @property
     def is_alive(self) -> bool:
@@ -249,7 +261,9 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while True:
-                busy = self.engine.has_unfinished()
+                # A stalled engine (it planned nothing last step) waits for a command, such as
+                # an abort that may unblock it, instead of spinning a core.
+                busy = self.engine.has_unfinished() and not getattr(self.engine, "num_stalled_steps", 0)
                 if not self._apply_commands(block=not busy):
                     break
                 if not self.engine.has_unfinished():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -44,6 +45,17 @@ def build_serve_parser() -> argparse.ArgumentParser:
                    help="requests in flight (waiting + running) beyond which new ones get 503 + Retry-After")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGINT/SIGTERM")
+    p.add_argument("--api-key", default=os.environ.get("ADASPEC_API_KEY") or None,
+                   help="require `Authorization: Bearer KEY` on /v1/* (default: $ADASPEC_API_KEY; "
+                        "/health, /metrics and /server_info stay open)")
+    p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024,
+                   help="larger request bodies are refused with 413 (default 8 MiB)")
+    p.add_argument("--client-timeout", type=float, default=30.0,
+                   help="seconds a client may take to send a request's head, and then its body, "
+                        "before the connection is closed (408 for a body)")
+    p.add_argument("--stall-timeout", type=float, default=5.0,
+                   help="seconds without engine progress, with requests pending, after which "
+                        "/health answers 503")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     return p
@@ -52,9 +64,11 @@ def build_serve_parser() -> argparse.ArgumentParser:
 def serve_main(argv: list[str]) -> int:
     args = build_serve_parser().parse_args(argv)
     _setup_logging(args.log_level)
-    if args.max_queue_len < 1:
-        logger.error("--max-queue-len must be >= 1")
-        return 2
+    for name, value in (("--max-queue-len", args.max_queue_len), ("--max-request-bytes", args.max_request_bytes),
+                        ("--client-timeout", args.client_timeout), ("--stall-timeout", args.stall_timeout)):
+        if value <= 0:
+            logger.error("%s must be > 0, got %s", name, value)
+            return 2
     try:
         engine = _load_engine(args)
     except (ValueError, TypeError, OSError) as e:
@@ -64,9 +78,12 @@ def serve_main(argv: list[str]) -> int:
     import uvicorn
 
     from adaspec.server.api import ServerSettings, create_app
+    from adaspec.server.guard import GuardedH11Protocol
 
     settings = ServerSettings(served_model_name=args.served_model_name or args.model,
-                              max_queue_len=args.max_queue_len, shutdown_timeout=args.shutdown_timeout)
+                              max_queue_len=args.max_queue_len, shutdown_timeout=args.shutdown_timeout,
+                              api_key=args.api_key, max_body_bytes=args.max_request_bytes,
+                              client_timeout_s=args.client_timeout, stall_timeout_s=args.stall_timeout)
     app = create_app(engine, settings)
     cfg = engine.config
     block_size = cfg.cache.block_size
@@ -100,6 +117,7 @@ def serve_main(argv: list[str]) -> int:
     # after ours, it cancels what is still open.
     server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=uv_level,
                                    access_log=args.access_log, lifespan="on",
+                                   http=GuardedH11Protocol.with_header_timeout(args.client_timeout),
                                    timeout_graceful_shutdown=args.shutdown_timeout + 5))
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully; with the
     # default handlers that would kill the process (status 143 for SIGTERM). These no-op

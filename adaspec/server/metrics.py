@@ -108,6 +108,9 @@ class ServerMetrics:
                              buckets=ITL_BUCKETS, registry=r)
         self.e2e = Histogram("adaspec_e2e_request_latency_seconds", "Arrival to last token.",
                              buckets=E2E_BUCKETS, registry=r)
+        self.client_disconnects = Counter(
+            "adaspec_client_disconnects", "Requests whose client went away before the answer was complete "
+            "(not errors; their engine requests are aborted).", ["kind"], registry=r)
         r.register(EngineStatsCollector(stats_fn, inflight_fn))
 
     def on_output(self, stream, out, now: float) -> None:
@@ -126,6 +129,10 @@ class ServerMetrics:
 
     def on_abort(self, stream) -> None:
         self.request_success.labels("abort").inc()
+
+    def on_disconnect(self, kind: str) -> None:
+        """`kind`: "stream" or "non_stream"."""
+        self.client_disconnects.labels(kind).inc()
 
     def on_rejected(self, reason: str) -> None:
         self.request_rejected.labels(reason).inc()

@@ -20,6 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 # Integers are bounded to what the engine's tensors and generators can hold, so an absurd value is
 # a 400 here rather than an overflow inside a batched step (which would fail other requests too).
 Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+# Stop conditions are checked on every emitted token (and text is held back by the longest
+# stop string), so their number and length are capped; OpenAI itself allows 4 stop strings.
+MAX_STOP_STRINGS = 32
+MAX_STOP_STRING_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 256
+StopString = Annotated[StrictStr, Field(max_length=MAX_STOP_STRING_CHARS)]
 Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)]  # torch.Generator.manual_seed's range
 Number = Union[Int64, StrictFloat]
 
@@ -59,7 +65,7 @@ class _SamplingFields(_Strict):
     n: Int64 = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    stop: StrictStr | list[StrictStr] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     seed: Seed | None = None
     user: StrictStr | None = None
     # Known OpenAI fields accepted only at their neutral value (see `unsupported`).
@@ -70,7 +76,7 @@ class _SamplingFields(_Strict):
     top_k: Int64 | None = None
     min_p: Number | None = None
     ignore_eos: StrictBool = False
-    stop_token_ids: list[Int64] | None = None
+    stop_token_ids: Annotated[list[Int64], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     speculate: StrictBool = True
     max_draft_tokens: Int64 | None = None
     return_token_ids: StrictBool = False
