@@ -233,3 +233,33 @@ def test_auto_end_to_end_is_lossless(agree_dir, trained_head):
     st = llm.stats()
     assert st["policy"] == "auto" and sum(st["draft_len_histogram"].values()) == st["spec_steps"] + st["nonspec_steps"]
     assert st["num_free_blocks"] == st["num_total_blocks"]
+
+
+def test_auto_probes_deeper_and_climbs_when_later_positions_accept_more():
+    """Acceptance measured only at depth 1 (0.6) extrapolates pessimistically; the real
+    conditional acceptance of later positions is 0.95. The deeper probe measures it and the
+    choice climbs to the full depth; without probing it would stay at 1."""
+    pol = auto_policy(k=4)
+    cost = lambda d: 0.010 * (1 + 0.25 * d)  # noqa: E731
+    for d in range(5):  # a profiled cost table, no acceptance yet
+        pol.times[(d, pol.bucket(1))] = cost(d)
+    pol.rates = [0.6, None, None, None]
+    pol.depth = 1
+    seen = set()
+    for _ in range(2000):
+        d = depth_of(pol.decide(1))
+        seen.add(d)
+        reach = [0.6 * 0.95 ** i for i in range(d)]  # P(position i+1 accepted)
+        pol.observe(StepFeedback(batch_size=1, num_tokens=d + 1, draft_len=d, step_time=cost(d),
+                                 accepted_per_position=tuple(round(1000 * r) for r in reach),
+                                 drafted_per_position=(1000,) * d))
+    assert pol.depth == 4 and 2 in seen, (pol.depth, seen)  # it probed depth 2, then climbed
+    # The same start with probing disabled stays where the extrapolation put it.
+    pol2 = auto_policy(k=4)
+    pol2.probe_every = 10 ** 9
+    for d in range(5):
+        pol2.times[(d, pol2.bucket(1))] = cost(d)
+    pol2.rates, pol2.depth = [0.6, None, None, None], 1
+    for _ in range(200):
+        pol2.decide(1)
+    assert pol2.depth == 1

@@ -100,9 +100,10 @@ class AutoPolicy(SpeculationPolicy):
                 geometrically from the deepest one that was);
       T(b, d) = measured step time at batch b with depth-d drafts (an EMA per batch-size
                 bucket, warm-started by a start-up profile, interpolated between buckets).
-    Stability: the current choice is kept unless another beats it by `margin`. While off,
-    it probes speculation once every `probe_every` steps, and only when speculation could
-    win at that batch size with perfect acceptance, so acceptance estimates stay current.
+    Stability: the current choice is kept unless another beats it by `margin`. Once every
+    `probe_every` steps it runs one level deeper than its choice (from off: depth 1), and
+    only when that level could win at this batch size if its extra token were always
+    accepted, so acceptance at the next depth is measured rather than only extrapolated.
     """
 
     name = "auto"
@@ -175,18 +176,23 @@ class AutoPolicy(SpeculationPolicy):
         best = max(g, key=g.get)
         if self.depth not in g or g[best] > g[self.depth] * (1 + self.margin):
             self.depth = best
-        if self.depth == 0:
-            self.steps_since_spec += 1
-            if self.steps_since_spec >= self.probe_every and self._could_win(batch_size, g):
-                self.steps_since_spec = 0
-                return self.shapes[1]
-        else:
+        # Probing: acceptance is only measured at depths that run, and an extrapolation from
+        # shallower ones can keep a policy below a deeper draft that would pay. Once every
+        # `probe_every` steps, try one level deeper where perfect acceptance there could win.
+        self.steps_since_spec += 1
+        if (self.steps_since_spec >= self.probe_every and self.depth < self.max_depth
+                and self._could_win(batch_size, self.depth)):
             self.steps_since_spec = 0
+            return self.shapes[self.depth + 1]
         return self.shapes[self.depth]
 
-    def _could_win(self, b: int, g: dict[int, float]) -> bool:
-        t0, t1 = self.step_time(b, 0), self.step_time(b, 1)
-        return t0 is not None and t1 is not None and 2.0 / t1 > 1.0 / t0
+    def _could_win(self, b: int, depth: int) -> bool:
+        """Could depth+1 beat `depth` if the extra draft token were always accepted?"""
+        t0, t1 = self.step_time(b, depth), self.step_time(b, depth + 1)
+        if t0 is None or t1 is None:
+            return False
+        reach = self.rate_estimates()[depth - 1] if depth else 1.0   # chance of reaching it
+        return (self.tau(depth) + reach) / t1 > self.tau(depth) / t0
 
     def observe(self, fb: StepFeedback) -> None:
         depth = len(fb.drafted_per_position)
