@@ -263,3 +263,16 @@ def test_auto_probes_deeper_and_climbs_when_later_positions_accept_more():
     for _ in range(200):
         pol2.decide(1)
     assert pol2.depth == 1
+
+
+def test_auto_first_rejection_does_not_zero_the_estimate():
+    """One rejected first draft is one sample, not a measured rate of zero: the prior is
+    updated (EMA weight of one step), and speculation that pays on the prior goes on."""
+    pol = auto_policy(k=2)
+    for d in range(3):
+        pol.times[(d, pol.bucket(1))] = 0.010 * (1 + 0.2 * d)
+    assert depth_of(pol.decide(1)) > 0
+    pol.observe(StepFeedback(batch_size=1, num_tokens=2, draft_len=1, step_time=0.012,
+                             accepted_per_position=(0,), drafted_per_position=(1,)))
+    assert 0.4 < pol.rates[0] < pol.prior_rate
+    assert depth_of(pol.decide(1)) > 0

@@ -202,12 +202,15 @@ class AutoPolicy(SpeculationPolicy):
             t = fb.step_time
             old = self.times.get(key)
             self.times[key] = t if old is None else (1 - self.ema) * old + self.ema * t
+        prior = self.rate_estimates()
         for i, (a, n) in enumerate(zip(fb.accepted_per_position, fb.drafted_per_position)):
             if n:
                 r = a / n
-                old = self.rates[i]
+                # A depth's first evidence updates the prior (extrapolated) estimate instead of
+                # replacing it: one rejected probe must not read as "this depth never accepts".
+                old = self.rates[i] if self.rates[i] is not None else prior[i]
                 w = 1 - (1 - self.ema) ** n   # n verify steps' worth of evidence
-                self.rates[i] = r if old is None else (1 - w) * old + w * r
+                self.rates[i] = (1 - w) * old + w * r
 
     def describe(self) -> dict:
         return {**super().describe(), "depth": self.depth,
