@@ -168,4 +168,8 @@ def test_fused_ops_on_gpu_match_reference():
     qkv2 = qkv.clone()
     q = fused_ops.rotary_qkv_store(qkv, pos, table, 32, 8, 128, caches[0], caches[1], slots)
     q2 = fused_ops.rotary_qkv_store_ref(qkv2, pos, table, 32, 8, 128, caches[2], caches[3], slots)
-    assert torch.equal(q, q2) and torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    # V is copied: bit-exact. Rotated q/k: the kernel computes in fp32 and rounds once, the
+    # reference rounds after each bf16 op; seen on the H200 to differ by at most bf16 rounding.
+    assert torch.equal(caches[1], caches[3])
+    torch.testing.assert_close(q, q2, atol=1e-2, rtol=2 ** -7)
+    torch.testing.assert_close(caches[0], caches[2], atol=1e-2, rtol=2 ** -7)
