@@ -1,6 +1,6 @@
 """Conformance suite of the paged-attention backends: every backend function against a naive
-dense per-row loop written here from the request descriptions (not from AttnMeta's flat
-arrays, so the metadata encoding is checked too).
+dense float64 reference written here from the request descriptions (a rows x keys visibility
+matrix per request, not AttnMeta's flat arrays, so the metadata encoding is checked too).
 
 The torch reference always runs; the Triton kernels run under the Triton interpreter on CPU
 (conftest sets TRITON_INTERPRET=1 when there is no GPU) when `import triton` works. The
