@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-import torch
-
 from adaspec.engine.request import Request
 
 

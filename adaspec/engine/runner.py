@@ -26,7 +26,6 @@ import torch
 
 from adaspec.config import EngineConfig
 from adaspec.engine.input_batch import DeviceRows, Staging, stage_forward
-from adaspec.engine.kv_cache import slot_of
 from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.layers.attention import ForwardContext, forward_context, get_backend
 from adaspec.models.loader import load_model
@@ -386,9 +385,6 @@ class ModelRunner:
                 results[i] = StepResult(emitted=em, num_accepted=cnt - 1, tree_depth=L.depth if L.pad else 0,
                                         tree_nodes=L.nodes if L.pad else 0, path=p)
         return results
-
-    def _slot(self, req, idx: int) -> int:
-        return slot_of(req, idx, self.block_size)
 
     # ---- verification ---------------------------------------------------------------------
     def _verify(self, sched, lay, V, logits, tokens, parents, limit, sim_d, N, trees):

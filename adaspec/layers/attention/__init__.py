@@ -11,6 +11,7 @@ refilled in place: that is the capture/replay contract (the runner's step buffer
 """
 from __future__ import annotations
 
+import abc
 import contextlib
 from dataclasses import dataclass
 
@@ -20,14 +21,15 @@ from adaspec.layers.attention.meta import AttnMeta, launch_plan
 from adaspec.layers.attention.torch_ref import torch_paged_attention, torch_store_kv
 
 
-class AttentionBackend:
+class AttentionBackend(abc.ABC):
     """forward(q [T, Hq, D], k_cache, v_cache [slots, Hkv, D], meta, scale, window) -> [T, Hq, D]."""
 
     name = "base"
-    graphable = False
+    graphable = False   # safe inside a CUDA graph (no host sync, no data-dependent launch)
 
+    @abc.abstractmethod
     def forward(self, q, k_cache, v_cache, meta: AttnMeta, scale: float, window: int | None) -> torch.Tensor:
-        raise NotImplementedError
+        """Attention of q over the paged cache under `meta`'s visibility rules."""
 
     def block_q(self, max_q_len: int, group: int) -> int:
         """Query rows per program of the launch plan (only the Triton backend uses it)."""
