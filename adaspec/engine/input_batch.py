@@ -20,6 +20,7 @@ import torch
 from adaspec.engine.request import Request, Status
 
 _ALIGN = 16
+_NP_DTYPE = {torch.int64: np.int64, torch.int32: np.int32, torch.uint8: np.uint8, torch.float32: np.float32}
 
 
 class Staging:
@@ -40,9 +41,7 @@ class Staging:
     def add(self, array, dtype: torch.dtype) -> "_Ref":
         """Stage `array` (anything numpy accepts) as `dtype`; returns a handle whose `.t` is the
         device tensor after `commit()`."""
-        np_dtype = {torch.int64: np.int64, torch.int32: np.int32, torch.uint8: np.uint8,
-                    torch.float32: np.float32}[dtype]
-        a = np.asarray(array, dtype=np_dtype)
+        a = np.asarray(array, dtype=_NP_DTYPE[dtype])
         n = a.nbytes
         start = self.offset
         end = start + n
@@ -58,17 +57,24 @@ class Staging:
             self.dev[: self.offset].copy_(self.host[: self.offset], non_blocking=True)
 
 
+_ELEMENT_SIZE = {torch.int64: 8, torch.int32: 4, torch.uint8: 1, torch.float32: 4}
+
+
 class _Ref:
-    __slots__ = ("stg", "start", "size", "dtype", "shape")
+    """A staged array; `.t` is its device tensor (a view of the static buffer, built once)."""
+
+    __slots__ = ("stg", "start", "size", "dtype", "shape", "_t")
 
     def __init__(self, stg: Staging, start: int, size: int, dtype: torch.dtype, shape: tuple):
         self.stg, self.start, self.size, self.dtype, self.shape = stg, start, size, dtype, shape
+        self._t = None
 
     @property
     def t(self) -> torch.Tensor:
-        el = torch.tensor([], dtype=self.dtype).element_size()
-        raw = self.stg.dev[self.start: self.start + self.size * el]
-        return raw.view(self.dtype).view(self.shape)
+        if self._t is None:
+            raw = self.stg.dev[self.start: self.start + self.size * _ELEMENT_SIZE[self.dtype]]
+            self._t = raw.view(self.dtype).view(self.shape)
+        return self._t
 
 
 class DeviceRows:
