@@ -101,7 +101,7 @@ ROPES = [({"rope_type": "default", "rope_theta": 10000.0}, 1.0),
 def test_rotary_qkv_store_matches_llama(path, dtype, rope, partial):
     T, Hq, Hkv, D, max_pos = 6, 4, 2, 16, 64
     rotary = RotaryEmbedding(D, rope, max_pos, partial=partial)
-    table = fused_ops.cos_sin_table(rotary, max_pos)
+    table = rotary.cos_sin_cache(max_pos, torch.device("cpu"))
     assert table.shape == (max_pos, rotary.rot_dim) and table.dtype == torch.float32
     qkv = rnd(T, (Hq + 2 * Hkv) * D, dtype=dtype, seed=5)
     positions = torch.tensor([0, 3, 7, 7, 40, 63])
@@ -160,7 +160,7 @@ def test_fused_ops_on_gpu_match_reference():
     g = rnd(33, 2 * 1024, dtype=dtype, seed=4).to(dev)
     torch.testing.assert_close(fused_ops.silu_and_mul(g), fused_ops.silu_and_mul_ref(g), atol=2e-2, rtol=1e-2)
     rotary = RotaryEmbedding(128, {"rope_type": "default", "rope_theta": 500000.0}, 4096)
-    table = fused_ops.cos_sin_table(rotary, 4096, dev)
+    table = rotary.cos_sin_cache(4096, dev)
     qkv = rnd(33, 48 * 128, dtype=dtype, seed=5).to(dev)
     pos = torch.arange(33, device=dev) * 97
     slots = torch.arange(33, device=dev)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from adaspec.layers.attention.torch_ref import torch_store_kv
-from adaspec.layers.rotary import RotaryEmbedding, apply_rotary
+from adaspec.layers.rotary import apply_rotary
 
 if os.environ.get("ADASPEC_TRITON_INTERPRET") == "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when kernels are decorated (below)
@@ -78,16 +78,6 @@ def rotary_qkv_store_ref(qkv, positions, cos_sin, num_heads, num_kv_heads, head_
     q.copy_(apply_rotary(q, cos, sin))
     torch_store_kv(k_cache, v_cache, apply_rotary(k, cos, sin), v, slot_mapping)
     return q
-
-
-def cos_sin_table(rotary: RotaryEmbedding, max_position: int, device=None) -> torch.Tensor:
-    """[max_position, rot_dim] fp32 table for `rotary_qkv_store`: cos of each frequency in the
-    first rot_dim/2 columns, sin in the rest, attention scaling applied; the same fp32 values
-    RotaryEmbedding.cos_sin computes per step (so the fused path stays HF-exact)."""
-    pos = torch.arange(max_position, dtype=torch.int64)
-    cos, sin = rotary.cos_sin(pos, torch.float32)
-    half = rotary.rot_dim // 2
-    return torch.cat([cos[:, :half], sin[:, :half]], dim=1).contiguous().to(device)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -218,8 +208,8 @@ def rotary_qkv_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.
     """Neox-style ("rotate_half") rotary on q and k of a fused projection, and the KV store.
 
     qkv [T, (Hq + 2 Hkv) * D] (rows may be strided, columns contiguous); positions [T] int64;
-    cos_sin [max_pos, rot_dim] fp32 (`cos_sin_table`; rot_dim <= D, partial rotary leaves the
-    tail dims alone); caches [num_slots, Hkv, D]; slot_mapping [T] (negative: skip the store).
+    cos_sin [max_pos, rot_dim] fp32 (`RotaryEmbedding.cos_sin_cache`; rot_dim <= D, partial rotary
+    leaves the tail dims alone); caches [num_slots, Hkv, D]; slot_mapping [T] (negative: skip the store).
     Returns q [T, Hq, D]: a VIEW of qkv, rotated IN PLACE. The k part of qkv is left as it was
     (the rotated k only goes to the cache); v is copied to the cache. One kernel, no host sync.
     """

@@ -57,14 +57,3 @@ def verify_sampled(tree: DraftTree, probs: torch.Tensor, generator: torch.Genera
             return path, int((p / noise).argmax())
         path.append(accepted)
         node = accepted
-
-
-def simulate_acceptance(tree: DraftTree, rate: float, generator: torch.Generator) -> list[int]:
-    """Benchmarking only (`spec_simulate_accept_rate`): accept the best child at each depth
-    with probability `rate`, given its parent was accepted. Returns the accepted path."""
-    kids = tree.children()
-    node, path = 0, []
-    while kids[node] and float(torch.rand((), generator=generator)) < rate:
-        node = kids[node][0]
-        path.append(node)
-    return path
