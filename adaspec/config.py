@@ -88,6 +88,9 @@ class EngineConfig:
     served_model_name: str | None = None
     attention_backend: str = "auto"      # "auto" (triton on CUDA, else torch) | "triton" | "torch"
     enforce_eager: bool = False          # no CUDA graphs
+    # Plan and launch step N+1 while the device runs step N (SGLang's overlap scheduler, vLLM's
+    # async scheduling). Outputs are identical either way; off = one step at a time.
+    overlap: bool = True
     # "auto": sampling fields a request leaves out come from the model's generation_config.json
     # (like vLLM's --generation-config auto); "none": adaspec's own defaults (OpenAI's).
     generation_config: str = "auto"
@@ -155,6 +158,8 @@ def add_engine_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--attention-backend", default="auto", choices=["auto", "triton", "torch"])
     p.add_argument("--enforce-eager", action="store_true", help="run without CUDA graphs")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="run steps one at a time (by default the CPU plans step N+1 while the GPU runs step N)")
     p.add_argument("--generation-config", default="auto", choices=GENERATION_CONFIG_MODES,
                    help="auto: sampling fields a request leaves out (temperature, top_p, top_k, min_p) "
                         "default to the model's generation_config.json; none: to 1.0 / 1.0 / -1 / 0.0")
@@ -171,7 +176,7 @@ def engine_kwargs_from_cli(a: argparse.Namespace) -> dict:
               topk=a.topk, num_draft_tokens=a.num_draft_tokens,
               spec_disable_batch_size=a.spec_disable_batch_size,
               simulate_accept_rate=a.spec_simulate_accept_rate,
-              attention_backend=a.attention_backend, enforce_eager=a.enforce_eager)
+              attention_backend=a.attention_backend, enforce_eager=a.enforce_eager, overlap=a.overlap)
     if a.speculation is not None:
         kw["policy"] = a.speculation
     return kw

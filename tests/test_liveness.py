@@ -83,6 +83,7 @@ def _drive_scheduler(seed: int) -> int:
         assert not plan.empty or not sched.has_unfinished() or arrivals, \
             f"seed {seed}: no progress with work pending: {list(sched.waiting)} free={kv.num_free}"
         before = len(sched.running) + len(sched.waiting)
+        sched.launched(plan)
         sched.postprocess(plan, _scripted_results(plan, rng))
         finished += before - len(sched.running) - len(sched.waiting)
         sched.check_invariants()
@@ -104,7 +105,9 @@ def test_waiting_request_keeps_no_prefix_blocks_after_a_failed_admission():
     sched = Scheduler(SchedulerConfig(), kv, make_policy(SpecConfig()), max_model_len=11, draft_sync=False)
     a = Request("a", [5, 6, 7, 8, 9], SamplingParams(max_tokens=1, ignore_eos=True), set())
     sched.add(a)
-    sched.postprocess(sched.schedule(), [StepResult(emitted=[3])])   # a finishes; its blocks stay cached
+    plan = sched.schedule()
+    sched.launched(plan)
+    sched.postprocess(plan, [StepResult(emitted=[3])])                 # a finishes; its blocks stay cached
     big = Request("big", [10] * 9, SamplingParams(max_tokens=2, ignore_eos=True), set())
     sched.add(big)
     sched.schedule()                                                  # big runs, holding 5 blocks

@@ -29,10 +29,13 @@ def fake_execute(plan, rng: random.Random, vocab: int = 50) -> list[StepResult]:
     return out
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("policy,topk,prefix", [("off", 1, True), ("always", 1, False), ("always", 4, True),
                                                 ("always", 1, True)])
-def test_exact_reservation_rollback_and_release(seed, policy, topk, prefix):
+def test_exact_reservation_rollback_and_release(seed, policy, topk, prefix, overlap):
+    """The engine's step order (engine.Engine.step), with a fake runner: with overlap, step
+    N+1 is planned and launched before step N's results are applied, unless N speculated."""
     rng = random.Random(seed)
     bs = rng.choice([1, 2, 4, 16])
     spec = SpecConfig(draft="x" if policy != "off" else None, policy=policy, num_steps=3, topk=topk,
@@ -51,23 +54,47 @@ def test_exact_reservation_rollback_and_release(seed, policy, topk, prefix):
                                                    ignore_eos=True), set())
         reqs.append(r)
         sched.add(r)
+    inflight = None
+
+    def collect():
+        nonlocal inflight
+        step, inflight = inflight, None
+        sched.postprocess(step, fake_execute(step, rng))
+
+    overlapped = 0
     for _ in range(3000):
-        if not sched.has_unfinished():
+        if not sched.has_unfinished() and inflight is None:
             break
+        if inflight is not None and inflight.speculative:
+            collect()
         plan = sched.schedule()
         for s in plan.scheduled:
             r = s.req
             need = r.num_computed + s.num_new_tokens + (s.draft.spec_slots if s.draft else 0) + extra
             assert len(r.block_ids) == kv.blocks_for(need), (str(plan), r)
+        if inflight is not None and (plan.empty or any(s.draft and s.draft.topk > 1 for s in plan.scheduled)):
+            collect()
+            plan.drop_finished()
         if plan.empty:
             continue
-        sched.postprocess(plan, fake_execute(plan, rng))
-        for r in sched.running:  # rollback: only committed KV (+ the draft's shifted slot) stays
-            assert len(r.block_ids) == kv.blocks_for(r.num_computed + extra)
+        sched.launched(plan)
+        if inflight is not None:
+            overlapped += 1
+            collect()
+        inflight = plan
+        if not overlap:
+            collect()
+        # Rollback: only committed KV (+ the draft's shifted slot) stays; a launched step
+        # holds what it reserved.
+        ahead = {s.req: s.draft.spec_slots if s.draft else 0 for s in inflight.scheduled} if inflight else {}
+        for r in sched.running:
+            assert len(r.block_ids) == kv.blocks_for(r.num_computed + ahead.get(r, 0) + extra), r
         # Conservation: every block is free or referenced exactly as often as tables hold it.
         held = [b for r in reqs for b in r.block_ids]
         assert sum(kv.ref_count) == len(held)
         assert kv.num_free + sum(1 for c in kv.ref_count if c > 0) == kv.num_blocks
+    if not overlap or policy == "off":   # (speculative steps are never overlapped)
+        assert (overlapped > 0) == overlap
     assert not sched.has_unfinished(), "the scheduler stopped making progress"
     assert all(r.is_finished for r in reqs)
     assert all(len(r.output_token_ids) <= r.params.max_tokens for r in reqs)

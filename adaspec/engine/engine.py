@@ -1,8 +1,14 @@
 """The engine (step loop) and the offline `LLM` API.
 
     plan    = scheduler.schedule()          # policy decides, KV is reserved
-    results = runner.execute(plan)          # draft, target forward, verify
+    step    = runner.launch(plan)           # draft, target forward, verify: queued on the device
+    results = runner.collect(step)          # wait, read the emitted tokens
     changed = scheduler.postprocess(...)    # commit, stop, roll back rejected slots
+
+With overlap (the default) the engine plans and launches step N+1 before it collects step N,
+so the CPU work of one step hides behind the device work of the other. It waits for step N
+before planning when N speculated (how many tokens it emits decides N+1's positions) and
+before launching when N+1 drafts a tree (the tree drafter reads the last token on the host).
 """
 from __future__ import annotations
 
@@ -65,6 +71,7 @@ class Engine:
         # server's /health and LLM.generate report it instead of spinning silently.
         self.num_stalled_steps = 0
         self.stalled_since: float | None = None
+        self.inflight = None    # the launched step not yet collected (overlap)
         if self.runner.draft is not None and hasattr(self.policy, "warm_up"):
             from adaspec.spec_decode.profile import profile_step_times
             self.policy.warm_up(lambda shapes: profile_step_times(self, shapes))
@@ -142,26 +149,46 @@ class Engine:
             self.requests.pop(request_id, None)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.inflight is not None
 
     # ---- the step loop --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one step; return incremental outputs of the requests that changed."""
+        """Run one step; return incremental outputs of the requests that changed. With overlap
+        these are the outputs of the previous step, collected after this one was launched."""
+        changed: list[Request] = []
+        if self.inflight is not None and self.inflight.plan.speculative:
+            changed += self._collect()
         plan = self.scheduler.schedule()
+        if self.inflight is not None and (plan.empty or self.runner.needs_host_tokens(plan)):
+            changed += self._collect()
+            plan.drop_finished()
         failed = [r for r in self.requests.values() if r.is_finished and r.error]
         if plan.empty:
-            if failed or not self.scheduler.has_unfinished():
+            if changed or failed or not self.scheduler.has_unfinished():
                 self._progressed()
             else:
                 self.num_stalled_steps += 1
                 if self.stalled_since is None:
                     self.stalled_since = time.monotonic()
-            return self._outputs(failed)
+            return self._outputs(failed + changed)
         self._progressed()
-        results = self.runner.execute(plan)
-        changed = self.scheduler.postprocess(plan, results)
-        self._observe(plan, results, self.runner.last_step_time)
+        launched = self.runner.launch(plan)
+        self.scheduler.launched(plan)
+        if self.inflight is not None:
+            self.counters["overlapped_steps"] += 1
+            changed += self._collect()
+        self.inflight = launched
+        if not self.config.overlap:
+            changed += self._collect()
         return self._outputs(failed + changed)
+
+    def _collect(self) -> list[Request]:
+        """Wait for the launched step, apply its results; the requests that changed."""
+        step, self.inflight = self.inflight, None
+        results = self.runner.collect(step)
+        changed = self.scheduler.postprocess(step.plan, results)
+        self._observe(step.plan, results, self.runner.last_step_time)
+        return changed
 
     def _progressed(self) -> None:
         self.num_stalled_steps = 0
@@ -243,6 +270,7 @@ class Engine:
             "generation_tokens": self.counters["generation_tokens"],
             "prefix_cache_hit_tokens": self.kv.prefix_hit_tokens,
             "num_steps": self.counters["num_steps"],
+            "overlapped_steps": self.counters["overlapped_steps"],
             "attention_backend": self.runner.backend.name,
             "cuda_graphs": (len(self.runner.graphs.graphs) + len(self.runner.graphs.draft_graphs)
                             if self.runner.graphs else 0),

@@ -24,19 +24,28 @@ _NP_DTYPE = {torch.int64: np.int64, torch.int32: np.int32, torch.uint8: np.uint8
 
 
 class Staging:
+    """Double-buffered on the host: while step N's copy may still be queued behind step N-1
+    on the device, step N+1 is written into the other pinned buffer (overlap). The device
+    buffer is single (CUDA graphs read fixed addresses); stream order protects it."""
+
     def __init__(self, nbytes: int, device: torch.device):
         self.device = device
         pin = device.type == "cuda"
-        self.host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-        self.host_np = self.host.numpy()
-        self.dev = torch.empty(nbytes, dtype=torch.uint8, device=device) if pin else self.host
+        self.hosts = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(2 if pin else 1)]
+        self.host_nps = [h.numpy() for h in self.hosts]
+        self.copied = [None] * len(self.hosts)   # event: that buffer's last copy has run
+        self.dev = torch.empty(nbytes, dtype=torch.uint8, device=device) if pin else self.hosts[0]
         self.nbytes = nbytes
+        self.which = 0
+        self.host, self.host_np = self.hosts[0], self.host_nps[0]
         self.offset = 0
-        self.pending: list[tuple[str, int, int, torch.dtype, tuple]] = []
 
     def begin(self) -> None:
+        self.which = (self.which + 1) % len(self.hosts)
+        if self.copied[self.which] is not None:
+            self.copied[self.which].synchronize()
+        self.host, self.host_np = self.hosts[self.which], self.host_nps[self.which]
         self.offset = 0
-        self.pending = []
 
     def add(self, array, dtype: torch.dtype) -> "_Ref":
         """Stage `array` (anything numpy accepts) as `dtype`; returns a handle whose `.t` is the
@@ -55,6 +64,9 @@ class Staging:
         """One host->device copy of everything staged since `begin()`."""
         if self.dev is not self.host and self.offset:
             self.dev[: self.offset].copy_(self.host[: self.offset], non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            self.copied[self.which] = ev
 
 
 _ELEMENT_SIZE = {torch.int64: 8, torch.int32: 4, torch.uint8: 1, torch.float32: 4}
@@ -87,6 +99,8 @@ class DeviceRows:
         self.max_blocks = max_blocks
         self.draft_hidden = (torch.zeros(num_rows + 1, draft_hidden, dtype=dtype, device=device)
                              if draft_hidden else None)
+        # The last token each row emitted, for steps planned before it was read back.
+        self.last_token = torch.zeros(num_rows + 1, dtype=torch.int64, device=device)
         self.owner: list[Request | None] = [None] * num_rows
         self.free = list(range(num_rows - 1, -1, -1))
         self.pad_row = num_rows  # all zeros, used by padding requests of CUDA graphs

@@ -125,10 +125,12 @@ class KVCacheManager:
         return len(hits) * self.block_size
 
     def commit(self, req: Request) -> None:
-        """Register `req`'s blocks that are now full of computed KV (call after a step)."""
+        """Register `req`'s blocks that are full of computed (or launched) KV and whose tokens
+        are known on the host. A request that matches them later reads their KV in a later step,
+        which the device runs after the step writing it."""
         if not self.enable_prefix_caching:
             return
-        full = min(req.num_computed, req.num_tokens) // self.block_size
+        full = min(req.num_computed, len(req.all_token_ids)) // self.block_size
         if full <= req.num_hashed_blocks:
             return
         parent = req.block_hashes[-1] if req.block_hashes else None

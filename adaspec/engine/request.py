@@ -6,6 +6,12 @@ Token bookkeeping, the invariant everything else relies on:
                   (the last emitted token is fed on the next step) except while prefilling.
   The draft head's KV for the pair (hidden_p, token_{p+1}) lives at draft slot p + 1, so
   after a step the draft cache covers slots 1..num_computed (see spec_decode/drafter.py).
+
+Overlap (CPU work of step N+1 while the GPU runs step N): when a step is launched the
+scheduler advances `num_computed` at once, and a request that samples in it owes one token
+(`pending`) until the step's results are read back. `num_tokens` and `num_output_tokens`
+count pending tokens, so the next step can be planned before the token is known; its id is
+filled on the device from the previous step's output (see ModelRunner).
 """
 from __future__ import annotations
 
@@ -125,6 +131,8 @@ class Request:
         self.row = -1                   # row of the runner's persistent device state (-1: none)
         self.table_synced = 0           # leading block_ids the device block table already holds
         self.num_preemptions = 0
+        self.pending = 0                # tokens emitted by a launched step, not yet read back
+        self.in_flight = 0              # launched steps whose results are not yet applied
         # detokenizer state
         self.text = ""
         self.prefix_offset = 0
@@ -135,7 +143,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+        return len(self.all_token_ids) + self.pending
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -147,7 +155,7 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.all_token_ids) - len(self.prompt_token_ids)
+        return len(self.all_token_ids) + self.pending - len(self.prompt_token_ids)
 
     @property
     def is_finished(self) -> bool:

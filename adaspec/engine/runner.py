@@ -9,7 +9,12 @@ One step (see `execute`):
              is uniform: every request has the same number of query rows)
   4. verify  batched on the device (greedy, rejection sampling, simulated acceptance)
   5. commit  accepted tree KV moved into place, the draft KV refreshed for every request
-  6. sync    ONE device->host read of the emitted tokens
+  6. read    ONE device->host copy of the emitted tokens, queued; `collect` waits for it
+
+`launch` enqueues steps 1-6 and returns; `collect` waits and builds the StepResults. Between
+the two the engine plans and launches the next step (overlap): a request whose last token is
+still on the device (`Request.pending`) gets it from `DeviceRows.last_token`, filled on the
+device before the forward.
 
 Row layout of the target forward: request i owns `num_new` committed rows; in a speculative
 step every decoding request also owns N-1 draft rows (N = the step's tree size), padded when
@@ -57,6 +62,19 @@ def resolve_backend(name: str, device: torch.device) -> str:
         except ImportError:
             return "torch"
     return "torch"
+
+
+@dataclass
+class Launched:
+    """A step whose device work is queued; `ModelRunner.collect` turns it into results."""
+
+    plan: StepPlan
+    lay: list
+    V: list[int]                      # scheduled indices that sample, in verify order
+    N: int
+    out: torch.Tensor | None          # host copy of [count | emitted | path] per verify row
+    done: object                      # CUDA event recorded after the copy (None on CPU)
+    timer: object
 
 
 @dataclass
@@ -125,6 +143,13 @@ class ModelRunner:
         nbytes = 256 * max_rows * (self.max_draft + 3) + 16 * sc.max_num_seqs * n * n + (1 << 20)
         self.stg = Staging(nbytes, self.device)
         self.draft_stg = Staging(64 * sc.max_num_seqs * (self.max_draft + 1) * 8 + (1 << 16), self.device)
+        # Pinned landing buffers for the step outputs, alternating so that step N+1's copy
+        # never overwrites step N's before `collect` read it.
+        width = 1 + 2 * max(self.max_draft + 1, n)   # count | emitted [N] | path [N]
+        pin = self.device.type == "cuda"
+        self._out_host = [torch.empty(sc.max_num_seqs * width, dtype=torch.int64, pin_memory=pin)
+                          for _ in range(2)]
+        self._out_flip = 0
         self.tree_drafter = (TreeDrafter(self.draft, self.backend, self.block_size, self.device, self.draft_group)
                              if self.draft is not None else None)
         if self.device.type == "cuda" and self.backend.graphable and not self.cfg.enforce_eager:
@@ -155,14 +180,55 @@ class ModelRunner:
         return max(1, min(budget // self.bytes_per_block(), useful))
 
     # ---- the step -------------------------------------------------------------------------
-    @torch.inference_mode()
     def execute(self, plan: StepPlan) -> list[StepResult]:
-        """Run one step; `self.last_step_time` is its device time in seconds (CUDA events: an
-        event enqueued at the start fires when the stream reaches it, so the span counts host
-        preparation only while the device waits for it, which stays right under overlap)."""
+        """Run one step to completion (launch, then collect)."""
+        return self.collect(self.launch(plan))
+
+    def needs_host_tokens(self, plan: StepPlan) -> bool:
+        """True when launching `plan` reads the requests' last tokens on the host (the tree
+        drafter does), so a step still in flight must be collected first."""
+        return any(s.draft is not None and s.draft.topk > 1 for s in plan.scheduled)
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan) -> Launched:
+        """Queue one step on the device; nothing waits for it. The step's time is measured
+        with CUDA events: one enqueued at the start fires when the stream reaches it, so the
+        span counts host preparation only while the device waits for it (right under overlap)."""
         timer = self._timer_start()
-        results = self._execute(plan)
-        self.last_step_time = self._timer_end(timer)
+        lay, V, N, out = self._execute(plan)
+        done = None
+        if out is not None and self.device.type == "cuda":
+            host = self._out_host[self._out_flip][: out.numel()].view(out.shape)
+            self._out_flip ^= 1
+            host.copy_(out, non_blocking=True)
+            out = host
+        end = self._timer_mark()
+        if self.device.type == "cuda":
+            done = end
+        return Launched(plan, lay, V, N, out, done, (timer, end))
+
+    def collect(self, step: Launched) -> list[StepResult]:
+        """Wait for a launched step and return its results (one per scheduled request);
+        sets `self.last_step_time` (seconds)."""
+        start, end = step.timer
+        if step.done is not None:
+            step.done.synchronize()
+            self.last_step_time = start.elapsed_time(end) / 1e3
+        else:
+            self.last_step_time = end - start
+        sched, lay = step.plan.scheduled, step.lay
+        results = [StepResult(emitted=[]) for _ in sched]
+        if step.out is None:
+            return results
+        out = step.out.tolist()
+        D = step.N - 1
+        for k, i in enumerate(step.V):
+            row = out[k]
+            cnt = row[0]
+            L = lay[i]
+            results[i] = StepResult(emitted=row[1:1 + cnt], num_accepted=cnt - 1,
+                                    tree_depth=L.depth if L.pad else 0, tree_nodes=L.nodes if L.pad else 0,
+                                    path=row[2 + D: 2 + D + cnt - 1])
         return results
 
     def _timer_start(self):
@@ -172,15 +238,15 @@ class ModelRunner:
             return ev
         return time.perf_counter()
 
-    def _timer_end(self, start) -> float:
+    def _timer_mark(self):
         if self.device.type == "cuda":
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        return time.perf_counter() - start
+            return end
+        return time.perf_counter()
 
-    def _execute(self, plan: StepPlan) -> list[StepResult]:
+    def _execute(self, plan: StepPlan):
+        """Stage and enqueue the step; returns (layout, verify indices, N, device output)."""
         sched = plan.scheduled
         reqs = [s.req for s in sched]
         rows = [self.rows.row_of(r) for r in reqs]
@@ -216,6 +282,7 @@ class ModelRunner:
         # Plain lists, one append per row: per-request numpy calls cost more than the
         # arithmetic at large batches.
         ids, pos, cidx, slots = [], [], [], []
+        fill_at, fill_from = [], []   # rows whose token is still on the device (overlap)
         q_lens, ctx, mstart, moff = [], [], [], []
         mask_parts = []
         moffset = 0
@@ -225,7 +292,12 @@ class ModelRunner:
             r, c, nn = s.req, s.req.num_computed, L.n_new
             blocks = r.block_ids
             if nn == 1:
-                ids.append(r.all_token_ids[c])
+                if c < len(r.all_token_ids):
+                    ids.append(r.all_token_ids[c])
+                else:
+                    ids.append(0)
+                    fill_at.append(L.row0)
+                    fill_from.append(rows[i])
                 pos.append(c)
                 cidx.append(c)
                 slots.append(blocks[c // bs] * bs + c % bs if c >= r.no_kv_write_below else -1)
@@ -314,15 +386,14 @@ class ModelRunner:
                 continue
             vrows.extend(range(last, last + N))
             vlim.append(L.depth)
+            vtok.append(0)    # the root's token is never compared
             if i in trees:
                 tr = trees[i]
-                vtok.append(reqs[i].all_token_ids[-1])
                 vtok.extend(tr.tokens[1:])
                 vtok.extend([0] * (N - tr.size))
                 vpar.extend(tr.parents)
                 vpar.extend([-1] * (N - tr.size))
             else:
-                vtok.append(reqs[i].all_token_ids[-1])
                 vtok.extend([0] * (N - 1))
                 vpar.extend(chain_par)
         shape = (len(V), N)
@@ -335,17 +406,20 @@ class ModelRunner:
         sim_d = stg.add(self.sim_generator.random((len(V), max(1, N - 1))) < sim, torch.uint8) \
             if (sim is not None and spec) else None
 
+        fill = stg.add([fill_at, fill_from], torch.int64) if fill_at else None
+        vsrc = stg.add([rows[i] for i in V], torch.int64) if V else None
         drafts = self._stage_chain(stg, sched, lay, reqs, rows, N) if chain else None
         refresh = self._stage_refresh(stg, sched, lay, reqs, trees, N) if self.draft is not None else None
         stg.commit()
         self.rows.apply_updates(upd_d.t if upd_d is not None else None)
+        if fill is not None:
+            ids_d[fill.t[0]] = self.rows.last_token[fill.t[1]]
 
         # ---- 2. draft (chains, on the device) ----
         if drafts is not None:
             dtoks = self._run_chain(drafts, ids_d, N)
             vtok_t = vtok_d.t
             vtok_t[drafts["vidx"].t, 1:] = dtoks
-            vtok_t[drafts["vidx"].t, 0] = ids_d[drafts["root_rows"].t]
         else:
             vtok_t = vtok_d.t
 
@@ -362,29 +436,19 @@ class ModelRunner:
             vlogits = logits[vrows_d.t.reshape(-1)] if len(V) else None
 
         # ---- 4. verify ----
-        results = [StepResult(emitted=[]) for _ in sched]
         if len(V):
             path, emitted, count = self._verify(sched, lay, V, vlogits.view(len(V), N, -1), vtok_t, vpar_d.t,
                                                 vlim_d.t, sim_d, N, trees)
+            self.rows.last_token[vsrc.t] = emitted.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
         # ---- 5. commit: tree KV into place, draft refresh ----
         if trees and len(V):
             self._move_tree_kv(sched, lay, V, path, count, N)
         if refresh is not None:
             self._run_refresh(refresh, aux, path if len(V) else None, emitted if len(V) else None,
                               count if len(V) else None)
-        # ---- 6. one sync ----
-        if len(V):
-            out = torch.cat([count.unsqueeze(1), emitted, path], dim=1).cpu().tolist()
-            D = N - 1
-            for k, i in enumerate(V):
-                row = out[k]
-                cnt = row[0]
-                em = row[1:1 + cnt]
-                p = row[2 + D: 2 + D + cnt - 1]
-                L = lay[i]
-                results[i] = StepResult(emitted=em, num_accepted=cnt - 1, tree_depth=L.depth if L.pad else 0,
-                                        tree_nodes=L.nodes if L.pad else 0, path=p)
-        return results
+        # ---- 6. the step's output, read back by `collect` ----
+        out = torch.cat([count.unsqueeze(1), emitted, path], dim=1) if len(V) else None
+        return lay, V, N, out
 
     # ---- verification ---------------------------------------------------------------------
     def _verify(self, sched, lay, V, logits, tokens, parents, limit, sim_d, N, trees):

@@ -32,11 +32,12 @@ class ScheduledRequest:
     req: Request
     num_new_tokens: int               # committed tokens fed to the target this step
     draft: DraftShape | None = None   # this request's draft budget (None = no speculation)
+    # True when the step reaches the end of the sequence, so a token is emitted (fixed when
+    # planned: launching the step advances the request's counters).
+    samples: bool = field(init=False)
 
-    @property
-    def samples(self) -> bool:
-        """True when the step reaches the end of the sequence, so a token is emitted."""
-        return self.req.num_computed + self.num_new_tokens == self.req.num_tokens
+    def __post_init__(self) -> None:
+        self.samples = self.req.num_computed + self.num_new_tokens == self.req.num_tokens
 
 
 @dataclass
@@ -57,6 +58,15 @@ class StepPlan:
     @property
     def draft_len(self) -> int:
         return max((s.draft.num_nodes for s in self.scheduled if s.draft), default=0)
+
+    @property
+    def speculative(self) -> bool:
+        """Some request verifies drafts: how many tokens it emits is known only afterwards."""
+        return any(s.draft is not None for s in self.scheduled)
+
+    def drop_finished(self) -> None:
+        """Forget requests that finished after planning (their KV is already released)."""
+        self.scheduled = [s for s in self.scheduled if not s.req.is_finished]
 
     def __str__(self) -> str:
         rows = [f"  {s.req.request_id}: +{s.num_new_tokens} tokens, draft={s.draft or 0}" for s in self.scheduled]
@@ -128,6 +138,9 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
+            if req.pending and self._will_finish_by_length(req):
+                i += 1          # its last token is in flight; nothing left to compute
+                continue
             num_new = min(req.num_tokens - req.num_computed, budget)
             decoding = req.num_tokens - req.num_computed == 1
             draft = self.draft_budget(req, plan.policy_shape) if decoding else None
@@ -171,6 +184,9 @@ class Scheduler:
             plan.scheduled.append(ScheduledRequest(req, num_new, None))
             budget -= num_new
         return plan
+
+    def _will_finish_by_length(self, req: Request) -> bool:
+        return req.num_output_tokens >= req.params.max_tokens or req.num_tokens >= self.max_model_len
 
     def _match_prefix(self, req: Request) -> None:
         cached = self.kv.match_prefix(req)
@@ -223,14 +239,30 @@ class Scheduler:
         plan.preempted.append(req)
 
     # ---- after the step -------------------------------------------------------------------
+    def launched(self, plan: StepPlan) -> None:
+        """The runner has launched `plan`: its committed tokens count as computed from now on,
+        and every sampling request owes one token until `postprocess`. This is what lets the
+        next step be planned while this one runs (after a non-speculative step)."""
+        for s in plan.scheduled:
+            req = s.req
+            req.num_computed += s.num_new_tokens
+            req.pending += s.samples
+            req.in_flight += 1
+            self.kv.commit(req)   # prompt blocks become matchable before the step's results
+
     def postprocess(self, plan: StepPlan, results: list[StepResult]) -> list[Request]:
-        """Apply the runner's results; return the requests that changed (finished included)."""
+        """Apply the runner's results of a launched plan; return the requests that changed
+        (finished included)."""
         changed = []
         for s, res in zip(plan.scheduled, results):
             req = s.req
-            if req.is_finished:          # aborted while the step ran
+            req.pending -= s.samples
+            req.in_flight -= 1
+            if req.is_finished:          # aborted (or stopped by an earlier step) meanwhile
                 continue
-            req.num_computed += s.num_new_tokens + res.num_accepted
+            preempted = req.status == Status.WAITING   # preempted while the step ran: its
+            if not preempted:                          # token is valid, its KV is gone
+                req.num_computed += res.num_accepted
             if s.draft is not None:
                 req.spec.record(res.tree_depth, res.tree_nodes, res.num_accepted)
             for tok in res.emitted:
@@ -241,10 +273,14 @@ class Scheduler:
                     break
             if res.emitted:
                 changed.append(req)
-            if req.is_finished:
+            if req.is_finished or preempted:
                 continue
-            # Rollback: keep slots for committed KV (+ the draft's shifted slot) only.
-            self.kv.release_tail(req, req.num_computed + self.extra_slot)
+            if s.draft is not None:
+                # Rollback: keep slots for committed KV (+ the draft's shifted slot) only. (A
+                # speculative step is collected before the next one is planned, and a plain
+                # step reserved nothing beyond what it computed.)
+                assert not req.in_flight, "a speculative step must be collected before the next is planned"
+                self.kv.release_tail(req, req.num_computed + self.extra_slot)
             self.kv.commit(req)
         return changed
 
@@ -254,13 +290,16 @@ class Scheduler:
             return "stop"
         if self.detokenizer is not None and self.detokenizer.update(req):
             return "stop"  # a stop string completed; the detokenizer cut the text
-        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+        n = len(req.all_token_ids)   # tokens read back (a later step may owe more)
+        if n - req.num_prompt_tokens >= p.max_tokens or n >= self.max_model_len:
             return "length"
         return None
 
     def _finish(self, req: Request, reason: str) -> None:
         if req in self.running:
             self.running.remove(req)
+        elif req in self.waiting:   # preempted while its last step ran
+            self.waiting.remove(req)
         self.kv.free_request(req)
         req.status = Status.FINISHED
         req.finish_reason = reason
