@@ -187,9 +187,13 @@ class AutoPolicy(SpeculationPolicy):
         return self.shapes[self.depth]
 
     def _could_win(self, b: int, depth: int) -> bool:
-        """Could depth+1 beat `depth` if the extra draft token were always accepted?"""
+        """Could depth+1 beat `depth` if the extra draft token were always accepted? A depth
+        never timed at any batch size could: only running it measures its cost (without a
+        start-up profile this is how the cost table learns any depth beyond the current one)."""
         t0, t1 = self.step_time(b, depth), self.step_time(b, depth + 1)
-        if t0 is None or t1 is None:
+        if t1 is None:
+            return True
+        if t0 is None:
             return False
         reach = self.rate_estimates()[depth - 1] if depth else 1.0   # chance of reaching it
         return (self.tau(depth) + reach) / t1 > self.tau(depth) / t0
