@@ -75,6 +75,13 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator | 
     return g
 
 
+def _device_tensor(values: list, device: torch.device) -> torch.Tensor:
+    """A small per-request parameter tensor on `device` without waiting for the device (a
+    copy from pageable memory would wait for the stream, and so for the step in flight)."""
+    t = torch.tensor(values, pin_memory=device.type == "cuda")
+    return t.to(device, non_blocking=True)
+
+
 def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Return probabilities [N, V] after temperature, top-k, top-p and min-p.
 
@@ -84,13 +91,14 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     logits = logits.float()
     n, vocab = logits.shape
     dev = logits.device
-    greedy = torch.tensor([p.greedy for p in params], device=dev)
-    temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)
+    greedy_rows = [p.greedy for p in params]
+    greedy = _device_tensor(greedy_rows, dev)
+    temps = _device_tensor([p.temperature if not p.greedy else 1.0 for p in params], dev)
     logits = logits / temps.unsqueeze(1)
 
     top_ks = [p.top_k if p.top_k > 0 else vocab for p in params]
     if any(k < vocab for k in top_ks):
-        k_t = torch.tensor(top_ks, device=dev).clamp(max=vocab)
+        k_t = _device_tensor(top_ks, dev).clamp(max=vocab)
         sorted_logits = logits.sort(dim=-1, descending=True).values
         kth = sorted_logits.gather(1, (k_t - 1).unsqueeze(1))
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -98,7 +106,7 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     probs = torch.softmax(logits, dim=-1)
     top_ps = [p.top_p for p in params]
     if any(tp < 1.0 for tp in top_ps):
-        p_t = torch.tensor(top_ps, device=dev).unsqueeze(1)
+        p_t = _device_tensor(top_ps, dev).unsqueeze(1)
         sorted_probs, idx = probs.sort(dim=-1, descending=True)
         cum = sorted_probs.cumsum(dim=-1)
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
@@ -107,11 +115,11 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
         probs = probs.masked_fill(remove, 0.0)
     min_ps = [p.min_p for p in params]
     if any(mp > 0.0 for mp in min_ps):
-        mp_t = torch.tensor(min_ps, device=dev).unsqueeze(1)
+        mp_t = _device_tensor(min_ps, dev).unsqueeze(1)
         thresh = probs.max(dim=-1, keepdim=True).values * mp_t
         probs = probs.masked_fill(probs < thresh, 0.0)
     probs = probs / probs.sum(dim=-1, keepdim=True)
-    if bool(greedy.any()):
+    if any(greedy_rows):
         onehot = torch.zeros_like(probs).scatter(1, logits.argmax(dim=-1, keepdim=True), 1.0)
         probs = torch.where(greedy.unsqueeze(1), onehot, probs)
     return probs
@@ -130,7 +138,7 @@ def sample_from_probs(probs: torch.Tensor, generators: list[torch.Generator | No
         if len(shared) == len(generators):
             noise.exponential_(generator=default)
         else:
-            idx = torch.tensor(shared, device=probs.device)
+            idx = _device_tensor(shared, probs.device)
             noise[idx] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(generator=default)
     for i, g in enumerate(generators):
         if g is not None:

@@ -256,8 +256,10 @@ def _features(hf, tokens: list[int], aux_inputs: list[int]) -> torch.Tensor:
 def _check_drafts(llama_dir, target, head_dir: Path, variant: dict, aux_inputs: list[int], embed=None, **engine):
     """adaspec's chain drafts == the reference's, at every speculation step of a generation."""
     hf, target_embed = target
+    # overlap=False: the spy reads each request's tokens on the host when its chain is staged
+    # (with overlap the token sampled by the step still in flight is not there yet).
     llm = LLM(llama_dir, draft=str(head_dir), speculation="always", num_steps=STEPS, topk=1,
-              device="cpu", dtype="float32", **engine)
+              device="cpu", dtype="float32", overlap=False, **engine)
     head = llm.engine.runner.draft
     assert head.aux_layers == tuple(aux_inputs)
     runner = llm.engine.runner
