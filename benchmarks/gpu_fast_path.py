@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -68,7 +67,37 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(0, 128000, (CTX,), generator=g).tolist() for _ in range(n)]
 
 
-def step_times(llm: LLM, b: int, steps: int = 12) -> dict:
+def profile_steps(eng, steps: int = 6, top: int = 12) -> dict:
+    """A kernel profile of `steps` engine steps: device busy time (sum of kernel times) per
+    step against wall time per step, and the kernels that take the most time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            eng.step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / steps
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    def dev_us(e):
+        return getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0)
+
+    busy = sum(dev_us(e) for e in events) / 1e3 / steps          # us -> ms
+    by_name: dict[str, list] = {}
+    for e in events:
+        t = by_name.setdefault(e.name, [0.0, 0])
+        t[0] += dev_us(e) / 1e3 / steps
+        t[1] += 1
+    kernels = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"wall_ms_per_step": wall * 1e3, "device_busy_ms_per_step": busy,
+            "device_idle_ms_per_step": wall * 1e3 - busy,
+            "kernels_per_step": len(events) / steps,
+            "top_kernels": [{"name": n[:90], "ms_per_step": round(v[0], 4), "calls_per_step": v[1] / steps}
+                            for n, v in kernels]}
+
+
+def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False) -> dict:
     """Median wall time of steady-state engine steps with b decoding requests, and the
     target forward alone (its CUDA graph replayed, CUDA events)."""
     eng = llm.engine
@@ -78,14 +107,20 @@ def step_times(llm: LLM, b: int, steps: int = 12) -> dict:
         eng.step()
     for _ in range(3):
         eng.step()
-    ts = []
+    # Pipelined (as the engine runs): with overlap a step's host work hides behind the
+    # previous step's device work, so time a run of steps, not one step with syncs around it.
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
     for _ in range(steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
         eng.step()
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
-    out = {"step_ms": statistics.median(ts) * 1e3}
+    torch.cuda.synchronize()
+    out = {"step_ms": (time.perf_counter() - t0) / steps * 1e3,
+           "overlap": eng.config.overlap}
+    if profile:
+        try:
+            out["profile"] = profile_steps(eng)
+        except Exception as ex:  # a failed profile must not lose the timings
+            out["profile"] = {"error": repr(ex)}
     runner = eng.runner
     if runner.graphs is not None:
         q = 1 + (eng.last_draft_len if eng.last_draft_len else 0)
@@ -125,6 +160,9 @@ def main(argv=None) -> int:
     ap.add_argument("--hf", default=None)
     ap.add_argument("--out", default="gpu_fast_path.json")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: steps,generate,throughput")
+    ap.add_argument("--profile", action="store_true", help="kernel profile of the steps at b = 1 and 64")
+    ap.add_argument("--no-overlap", dest="overlap", action="store_false",
+                    help="run the engine without overlap (for comparison)")
     a = ap.parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
     phys = json.loads(Path(a.physics).read_text())["T_ms"]
@@ -137,7 +175,7 @@ def main(argv=None) -> int:
         return v if isinstance(v, (int, float)) else None
 
     for config, batches in (("off", (1, 16, 64, 256)), ("chain3", (1, 16, 64)), ("tree16", (1, 16, 64))):
-        llm, startup = make_llm(target, draft, config, max_num_seqs=max(batches))
+        llm, startup = make_llm(target, draft, config, max_num_seqs=max(batches), overlap=a.overlap)
         g = llm.engine.runner.graphs
         res["startup"][config] = {"seconds": startup, "graphs": len(g.graphs) if g else 0,
                                   "capture_seconds": g.capture_seconds if g else 0,
@@ -146,7 +184,7 @@ def main(argv=None) -> int:
         if "steps" not in skip:
             q = {"off": 1, "chain3": 4, "tree16": 16}[config]
             for b in batches:
-                r = step_times(llm, b)
+                r = step_times(llm, b, profile=a.profile and b in (1, 64))
                 ref = T(b, q)
                 r.update(physics_ms=ref, step_ratio=r["step_ms"] / ref if ref else None,
                          forward_ratio=r.get("forward_ms", 0) / ref if ref and "forward_ms" in r else None)

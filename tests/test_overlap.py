@@ -82,3 +82,33 @@ def test_stop_token_inside_overlap(agree_dir):
         assert b.finish_reason == "stop" and b.token_ids[-1] == stop
     assert llm.stats()["overlapped_steps"] > 0
     assert llm.stats()["num_free_blocks"] == llm.stats()["num_total_blocks"]
+
+
+@pytest.mark.parametrize("policy", ["off", "chain3"])
+def test_incremental_outputs_add_up_under_overlap(tok_model_dir, policy):
+    """Streaming sees every token once: the new_token_ids / new_text of the step outputs
+    concatenate to the final output (a token still in flight is never reported early)."""
+    from adaspec.engine.engine import Engine
+    from adaspec.testing import make_eagle3_head
+
+    kw = {}
+    if policy != "off":
+        kw = dict(draft=str(make_eagle3_head(tok_model_dir + "-head", tok_model_dir)), **POLICIES[policy])
+    eng = Engine.from_kwargs(tok_model_dir, device="cpu", dtype="float32", overlap=True, **kw)
+    texts = ["Hello world", "The quick brown fox jumps", "def add(a, b):"]
+    for i, t in enumerate(texts):
+        eng.add_request(str(i), t, SamplingParams(max_tokens=9 + 4 * i, temperature=0.0, ignore_eos=True))
+    ids = {str(i): [] for i in range(len(texts))}
+    text = {str(i): "" for i in range(len(texts))}
+    final = {}
+    while eng.has_unfinished():
+        for out in eng.step():
+            ids[out.request_id] += out.new_token_ids
+            text[out.request_id] += out.new_text
+            if out.finished:
+                final[out.request_id] = out
+    assert eng.stats()["overlapped_steps"] > 0
+    for rid, out in final.items():
+        assert ids[rid] == out.token_ids and len(out.token_ids) == 9 + 4 * int(rid)
+        assert text[rid] == out.text
+    assert eng.stats()["generation_tokens"] == sum(len(o.token_ids) for o in final.values())

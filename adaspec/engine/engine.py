@@ -221,7 +221,7 @@ class Engine:
             if req.is_finished and self.detokenizer is not None and req.finish_reason != "stop":
                 self.detokenizer.flush(req)
             new_ids = req.output_token_ids[req.num_emitted_reported:]
-            req.num_emitted_reported = req.num_output_tokens
+            req.num_emitted_reported += len(new_ids)
             self.counters["generation_tokens"] += len(new_ids)
             text = new_text = None
             if self.tokenizer is not None:
