@@ -35,7 +35,12 @@ def reference(agree_dir):
 
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_greedy_equal_with_and_without_overlap(agree_dir, trained_head, reference, policy, overlap):
+def test_greedy_equal_with_and_without_overlap(agree_dir, trained_head, reference, policy, overlap, monkeypatch):
+    from adaspec.engine import input_batch
+
+    shifted = []   # device-side shifts of steps planned while a speculative step ran
+    apply = input_batch.Shift.apply
+    monkeypatch.setattr(input_batch.Shift, "apply", lambda self, *a: (shifted.append(1), apply(self, *a)))
     kw = POLICIES[policy]
     draft = dict(draft=trained_head) if kw else {}
     # A small pool and token budget: chunked prefill, prefix hits and preemption while a
@@ -54,15 +59,18 @@ def test_greedy_equal_with_and_without_overlap(agree_dir, trained_head, referenc
         assert st["num_preemptions"] > 0
     if policy == "chain3":
         assert st["accepted_tokens"] > 0
+        assert bool(shifted) == overlap   # speculative steps overlap too
 
 
-def test_seeded_sampling_equal_with_and_without_overlap(agree_dir, trained_head):
+@pytest.mark.parametrize("policy", ["off", "chain3"])
+def test_seeded_sampling_equal_with_and_without_overlap(agree_dir, trained_head, policy):
     prompts = _prompts()
     params = [SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=100 + i, ignore_eos=True)
               for i in range(len(prompts))]
+    kw = dict(draft=trained_head, **POLICIES[policy]) if policy != "off" else {}
     outs = {}
     for overlap in (True, False):
-        llm = LLM(agree_dir, device="cpu", dtype="float32", overlap=overlap)
+        llm = LLM(agree_dir, device="cpu", dtype="float32", overlap=overlap, **kw)
         outs[overlap] = [o.token_ids for o in llm.generate(prompts, params)]
     assert outs[True] == outs[False]
     assert len({tuple(t) for t in outs[True]}) > 1

@@ -6,9 +6,11 @@
     changed = scheduler.postprocess(...)    # commit, stop, roll back rejected slots
 
 With overlap (the default) the engine plans and launches step N+1 before it collects step N,
-so the CPU work of one step hides behind the device work of the other. It waits for step N
-before planning when N speculated (how many tokens it emits decides N+1's positions) and
-before launching when N+1 drafts a tree (the tree drafter reads the last token on the host).
+so the CPU work of one step hides behind the device work of the other. Step N+1 is planned as
+if every request of step N emitted one token; where N speculated, N+1 reserves KV for N's
+whole draft and the runner shifts N+1's positions on the device by what N really emitted. The
+engine waits for step N before launching when N+1 drafts a tree (the tree drafter reads the
+last token on the host), and before planning when the runner cannot shift (`plans_ahead`).
 """
 from __future__ import annotations
 
@@ -156,7 +158,7 @@ class Engine:
         """Run one step; return incremental outputs of the requests that changed. With overlap
         these are the outputs of the previous step, collected after this one was launched."""
         changed: list[Request] = []
-        if self.inflight is not None and self.inflight.plan.speculative:
+        if self.inflight is not None and not self.runner.plans_ahead(self.inflight.plan):
             changed += self._collect()
         plan = self.scheduler.schedule()
         if self.inflight is not None and (plan.empty or self.runner.needs_host_tokens(plan)):

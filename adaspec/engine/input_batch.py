@@ -99,8 +99,10 @@ class DeviceRows:
         self.max_blocks = max_blocks
         self.draft_hidden = (torch.zeros(num_rows + 1, draft_hidden, dtype=dtype, device=device)
                              if draft_hidden else None)
-        # The last token each row emitted, for steps planned before it was read back.
+        # The last token each row emitted and how many tokens it emitted, for steps planned
+        # before they were read back (the input token, and the shift of its positions).
         self.last_token = torch.zeros(num_rows + 1, dtype=torch.int64, device=device)
+        self.last_count = torch.ones(num_rows + 1, dtype=torch.int64, device=device)
         self.owner: list[Request | None] = [None] * num_rows
         self.free = list(range(num_rows - 1, -1, -1))
         self.pad_row = num_rows  # all zeros, used by padding requests of CUDA graphs
@@ -148,10 +150,14 @@ class DeviceRows:
 
 def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: int, group: int, *,
                   q_lens, ctx_len, kv_start, req_row, positions, cache_index, slots, input_ids=None,
-                  mask_start=None, mask_offset=None, mask=None, max_ctx_len=None):
+                  mask_start=None, mask_offset=None, mask=None, max_ctx_len=None,
+                  shift: "Shift | None" = None, shift_rows=None, shift_reqs=None):
     """Stage one forward's inputs; returns (AttnMeta, input_ids or None, positions) as device
     views (valid once `stg.commit()` ran). Per-request arrays have one entry per request,
-    per-row arrays one per query row (see AttnMeta for the meaning)."""
+    per-row arrays one per query row (see AttnMeta for the meaning). With `shift`, the rows
+    `shift_rows` = (row indices, device rows) and the requests `shift_reqs` = (request indices,
+    device rows) get their positions, cache indices, slots, context lengths (and mask starts)
+    corrected on the device (see `Shift`); `max_ctx_len` must then bound the shifted lengths."""
     from adaspec.layers.attention import AttnMeta, launch_plan
 
     q_lens = np.asarray(q_lens, dtype=np.int64)
@@ -172,6 +178,14 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
     q_start = stg.add(qs, torch.int32)
     progs = stg.add(np.stack([prog_req, prog_q0]) if len(prog_req) else np.zeros((2, 0)), torch.int32)
     m = stg.add(mask if mask is not None and len(mask) else np.zeros(1), torch.uint8)
+    if shift is not None:
+        ri, rr = shift_rows
+        shift.add(pos, ri, rr)
+        shift.add(ci, ri, rr)
+        shift.add_slots(slot, ri, pos, ri, 0, rr)
+        qi, qr = np.asarray(shift_reqs[0], dtype=np.int64), shift_reqs[1]
+        shift.add(per_req, qi, qr)                    # ctx_len
+        shift.add(per_req, 3 * len(ctx) + qi, qr)     # mask_start
     pr = per_req.t
     pg = progs.t
     meta = AttnMeta(
@@ -181,3 +195,61 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
         block_size=block_size, max_q_len=max_q,
         max_ctx_len=max_ctx_len if max_ctx_len is not None else (int(ctx.max()) if len(ctx) else 0))
     return meta, (ids.t if ids is not None else None), pos.t
+
+
+class Shift:
+    """Staged metadata that depends on how many tokens the previous step emitted, for requests
+    whose previous step is still in flight (overlap). The host stages as if that step emitted
+    one token; `apply` then adds `last_count[row] - 1` on the device to each registered
+    position-like entry and recomputes the registered slots from the shifted positions.
+
+    Entries are addressed inside one staging buffer (every field lives in `stg.dev`), so the
+    correction is a handful of device ops whatever the number of fields and draft steps."""
+
+    def __init__(self, stg: Staging):
+        self.stg = stg
+        self.i64: list[np.ndarray] = []    # (element index in the int64 view, device row)
+        self.i32: list[np.ndarray] = []    # the same, int32 view
+        self.slots: list[np.ndarray] = []  # (slot element, position element, offset, device row)
+
+    @staticmethod
+    def _elements(ref: "_Ref", idx) -> np.ndarray:
+        size = _ELEMENT_SIZE[ref.dtype]
+        return ref.start // size + np.asarray(idx, dtype=np.int64)
+
+    def add(self, ref: "_Ref", idx, rows) -> None:
+        """Shift elements `idx` (flat, of `ref`) by the delta of device rows `rows`."""
+        if len(idx):
+            pair = np.stack([self._elements(ref, idx), np.asarray(rows, dtype=np.int64)])
+            (self.i64 if ref.dtype == torch.int64 else self.i32).append(pair)
+
+    def add_slots(self, slot_ref: "_Ref", idx, pos_ref: "_Ref", pos_idx, offset: int, rows) -> None:
+        """Recompute slots `idx` of `slot_ref` as the slot of position pos_ref[pos_idx] + offset
+        (after the shift), where they are not -1."""
+        if len(idx):
+            n = len(idx)
+            self.slots.append(np.stack([self._elements(slot_ref, idx), self._elements(pos_ref, pos_idx),
+                                        np.full(n, offset, np.int64), np.asarray(rows, dtype=np.int64)]))
+
+    def __bool__(self) -> bool:
+        return bool(self.i64 or self.i32 or self.slots)
+
+    def stage(self, into: Staging) -> dict:
+        """Stage the index arrays (into the step's buffer); returns handles for `apply`."""
+        cat = (lambda parts, k: np.concatenate(parts, axis=1) if parts else np.zeros((k, 0), np.int64))
+        return {"i64": into.add(cat(self.i64, 2), torch.int64), "i32": into.add(cat(self.i32, 2), torch.int64),
+                "slots": into.add(cat(self.slots, 4), torch.int64)}
+
+    def apply(self, staged: dict, last_count: torch.Tensor, block_table: torch.Tensor, block_size: int) -> None:
+        dev = self.stg.dev
+        v64, v32 = dev.view(torch.int64), dev.view(torch.int32)
+        # (Index arrays live in a staging buffer too, so they are copied before writing.)
+        for key, view in (("i64", v64), ("i32", v32)):
+            el, rows = staged[key].t
+            if el.numel():
+                view.index_add_(0, el.clone(), (last_count[rows] - 1).to(view.dtype))
+        el, pos_el, off, rows = staged["slots"].t.clone()
+        if el.numel():
+            pos = v64[pos_el] + off
+            slot = block_table[rows, pos // block_size].long() * block_size + pos % block_size
+            v64[el] = torch.where(v64[el] >= 0, slot, v64[el])

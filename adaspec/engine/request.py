@@ -11,7 +11,9 @@ Overlap (CPU work of step N+1 while the GPU runs step N): when a step is launche
 scheduler advances `num_computed` at once, and a request that samples in it owes one token
 (`pending`) until the step's results are read back. `num_tokens` and `num_output_tokens`
 count pending tokens, so the next step can be planned before the token is known; its id is
-filled on the device from the previous step's output (see ModelRunner).
+filled on the device from the previous step's output (see ModelRunner). A speculative step
+may emit up to `spec_ahead` tokens more than that one: the next step reserves KV for it, and
+the runner shifts its positions on the device once the count is known there.
 """
 from __future__ import annotations
 
@@ -132,7 +134,8 @@ class Request:
         self.table_synced = 0           # leading block_ids the device block table already holds
         self.num_preemptions = 0
         self.pending = 0                # tokens emitted by a launched step, not yet read back
-        self.in_flight = 0              # launched steps whose results are not yet applied
+        self.in_flight = 0              # planned steps whose results are not yet applied
+        self.spec_ahead = 0             # extra tokens a launched, unread speculative step may emit
         # detokenizer state
         self.text = ""
         self.prefix_offset = 0

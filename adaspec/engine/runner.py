@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from adaspec.config import EngineConfig
-from adaspec.engine.input_batch import DeviceRows, Staging, stage_forward
+from adaspec.engine.input_batch import DeviceRows, Shift, Staging, stage_forward
 from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.layers.attention import ForwardContext, forward_context, get_backend
 from adaspec.models.loader import load_model
@@ -125,13 +125,16 @@ class ModelRunner:
         self.graphs = None
         self.max_model_len = 0
         self.last_step_time = 0.0
+        self.prev_speculative = False   # the last launched step verified drafts
 
     def setup(self, max_model_len: int) -> None:
         """Size the persistent device state for `max_model_len` (called once by the engine)."""
         sc, spc = self.cfg.scheduler, self.cfg.spec
         self.max_model_len = max_model_len
         self.max_draft = max(spc.num_steps, spc.resolved_num_draft_tokens) if self.draft is not None else 0
-        max_pos = max_model_len + self.max_draft + 2
+        # A step planned before the previous one was read back may sit up to max_draft
+        # positions further than planned (see input_batch.Shift): room for both.
+        max_pos = max_model_len + 2 * self.max_draft + 2
         self.model.prepare_rotary(max_pos, self.device)
         if self.draft is not None:
             self.draft.prepare_rotary(max_pos, self.device)
@@ -184,6 +187,13 @@ class ModelRunner:
         """Run one step to completion (launch, then collect)."""
         return self.collect(self.launch(plan))
 
+    def plans_ahead(self, plan: StepPlan) -> bool:
+        """True when the next step can be planned and launched while `plan` runs. Positions of
+        the next step are shifted on the device by what `plan` emitted (input_batch.Shift);
+        a multi-layer draft head's refresh forward is not shifted, so its speculative steps
+        are waited for."""
+        return not (plan.speculative and self.draft is not None and self.draft.num_layers > 1)
+
     def needs_host_tokens(self, plan: StepPlan) -> bool:
         """True when launching `plan` reads the requests' last tokens on the host (the tree
         drafter does), so a step still in flight must be collected first."""
@@ -196,6 +206,7 @@ class ModelRunner:
         span counts host preparation only while the device waits for it (right under overlap)."""
         timer = self._timer_start()
         lay, V, N, out = self._execute(plan)
+        self.prev_speculative = plan.speculative
         done = None
         if out is not None and self.device.type == "cuda":
             host = self._out_host[self._out_flip][: out.numel()].view(out.shape)
@@ -265,6 +276,11 @@ class ModelRunner:
             hidden = self.rows.draft_hidden[torch.tensor([rows[i] for i in spec], device=self.device)]
             trees = dict(zip(spec, self.tree_drafter.propose([(reqs[i], sched[i].draft) for i in spec], hidden,
                                                                self.draft_cache, self.rows)))
+
+        # Requests whose previous step is in flight and may have emitted more than one token:
+        # their positions are corrected on the device (input_batch.Shift).
+        shifted = [i for i, s in enumerate(sched) if s.req.pending] if self.prev_speculative else []
+        slack = self.max_draft if shifted else 0
 
         # ---- 1. layout and staging ----
         lay: list[_Req] = []
@@ -363,11 +379,19 @@ class ModelRunner:
         req_row = rows + [self.rows.pad_row] * extra
         stg = self.stg
         stg.begin()
+        shift = shift_d = None
+        if shifted:
+            shift, shift_d = Shift(stg), Shift(self.draft_stg)
+            srows = [(j, rows[i]) for i in shifted for j in range(lay[i].row0, lay[i].row0 + lay[i].n_new + lay[i].pad)]
+            shift_rows = ([j for j, _ in srows], [r for _, r in srows])
+            shift_reqs = (shifted, [rows[i] for i in shifted])
         meta, ids_d, pos_d = stage_forward(
             stg, self.backend, self.rows.block_table, self.block_size, self.group, q_lens=q_lens, ctx_len=ctx,
             kv_start=[0] * B_pad, req_row=req_row, positions=pos, cache_index=cidx, slots=slots, input_ids=ids,
             mask_start=mstart if tree_mode else None, mask_offset=moff if tree_mode else None,
-            mask=np.concatenate(mask_parts) if mask_parts else None)
+            mask=np.concatenate(mask_parts) if mask_parts else None,
+            max_ctx_len=(max(ctx) + slack) if ctx else 0,
+            shift=shift, shift_rows=shift_rows if shifted else None, shift_reqs=shift_reqs if shifted else None)
         upd = self.rows.table_updates(reqs)
         upd_d = stg.add(upd, torch.int64) if upd is not None else None
 
@@ -408,10 +432,14 @@ class ModelRunner:
 
         fill = stg.add([fill_at, fill_from], torch.int64) if fill_at else None
         vsrc = stg.add([rows[i] for i in V], torch.int64) if V else None
-        drafts = self._stage_chain(stg, sched, lay, reqs, rows, N) if chain else None
-        refresh = self._stage_refresh(stg, sched, lay, reqs, trees, N) if self.draft is not None else None
+        drafts = self._stage_chain(stg, sched, lay, reqs, rows, N, shift_d) if chain else None
+        refresh = (self._stage_refresh(stg, sched, lay, reqs, trees, N, shift, rows)
+                   if self.draft is not None else None)
+        shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh]
         stg.commit()
         self.rows.apply_updates(upd_d.t if upd_d is not None else None)
+        for sh, staged in shifts:   # after the block-table update: slots are looked up in it
+            sh.apply(staged, self.rows.last_count, self.rows.block_table, self.block_size)
         if fill is not None:
             ids_d[fill.t[0]] = self.rows.last_token[fill.t[1]]
 
@@ -440,6 +468,7 @@ class ModelRunner:
             path, emitted, count = self._verify(sched, lay, V, vlogits.view(len(V), N, -1), vtok_t, vpar_d.t,
                                                 vlim_d.t, sim_d, N, trees)
             self.rows.last_token[vsrc.t] = emitted.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
+            self.rows.last_count[vsrc.t] = count
         # ---- 5. commit: tree KV into place, draft refresh ----
         if trees and len(V):
             self._move_tree_kv(sched, lay, V, path, count, N)
@@ -512,7 +541,7 @@ class ModelRunner:
         return noise
 
     # ---- chain drafting on the device -----------------------------------------------------
-    def _stage_chain(self, stg, sched, lay, reqs, rows, N):
+    def _stage_chain(self, stg, sched, lay, reqs, rows, N, shift=None):
         """Stage the K draft steps of every speculating request. Step i feeds the pair
         (hidden, token) at cache index n-1+i, rotary position n-2+i, and sees keys 1 .. n-1+i
         of the draft cache (slot 0 is never read). The steps' metadata goes to the drafter's
@@ -529,14 +558,20 @@ class ModelRunner:
         dstg = self.draft_stg
         dstg.begin()
         steps = []
+        moved = [k for k, i in enumerate(spec) if reqs[i].pending] if shift is not None else []
+        moved_rows = [rows[spec[k]] for k in moved]
+        slack = self.max_draft if moved else 0
         for st in range(K):
             slots = [reqs[i].block_ids[(n - 1 + st) // bs] * bs + (n - 1 + st) % bs if st < d else -1
                      for i, n, d in zip(spec, ns, depth)] + [-1] * pad
+            ctx = np.concatenate([ns[:B] + st, np.zeros(pad, np.int64)])
             meta, _, pos = stage_forward(
                 dstg, self.backend, self.rows.block_table, self.block_size, self.draft_group,
-                q_lens=[1] * (B + pad), ctx_len=np.concatenate([ns[:B] + st, np.zeros(pad, np.int64)]),
+                q_lens=[1] * (B + pad), ctx_len=ctx,
                 kv_start=[1] * (B + pad), req_row=[rows[i] for i in spec] + [self.rows.pad_row] * pad,
-                positions=ns - 2 + st, cache_index=ns - 1 + st, slots=slots)
+                positions=ns - 2 + st, cache_index=ns - 1 + st, slots=slots,
+                max_ctx_len=int(ctx.max()) + slack if len(ctx) else 0,
+                shift=shift if moved else None, shift_rows=(moved, moved_rows), shift_reqs=(moved, moved_rows))
             steps.append((meta, pos))
         dstg.commit()
         return {"steps": steps, "graph": graph, "B": B, "vidx": stg.add([lay[i].vi for i in spec], torch.int64),
@@ -592,11 +627,12 @@ class ModelRunner:
         src, dst = slot(src_idx).reshape(-1), slot(dst_idx).reshape(-1)
         self.kv[:, :, dst] = self.kv[:, :, src]
 
-    def _stage_refresh(self, stg, sched, lay, reqs, trees, N):
+    def _stage_refresh(self, stg, sched, lay, reqs, trees, N, shift=None, rows=None):
         """Stage the draft-KV refresh: the pair (hidden_p, token_{p+1}) of every newly
         committed position p goes to draft slot p+1, for every request, speculating or not."""
         base, dsel, vreq, emj, htok, dpos, dslot, last, lastadd = [], [], [], [], [], [], [], [], []
         q_lens = []
+        moved, moved_rows = [], []      # refresh entries of shifted requests
         D = N - 1
         bs = self.block_size
         for i, (s, L) in enumerate(zip(sched, lay)):
@@ -605,6 +641,7 @@ class ModelRunner:
             n = r.num_tokens
             blocks, toks = r.block_ids, r.all_token_ids
             vi = max(L.vi, 0)
+            first = len(base)
             for j in range(L.n_new):
                 p = c + j
                 base.append(L.row0 + j)
@@ -631,10 +668,19 @@ class ModelRunner:
             else:
                 last.append(len(base) - 1)
                 lastadd.append(-1)
+            if shift is not None and r.pending:
+                moved.extend(range(first, len(base)))
+                moved_rows.extend([rows[i]] * (len(base) - first))
         if not base:
             return None
         arr = np.array([base, dsel, vreq, emj, htok, dpos, dslot], dtype=np.int64)
-        out = {"arr": stg.add(arr, torch.int64), "last": stg.add(np.array([last, lastadd]), torch.int64),
+        arr_d = stg.add(arr, torch.int64)
+        if moved:   # dpos is row 5 of arr, dslot (the slot of dpos + 1) row 6
+            R = arr.shape[1]
+            idx = np.asarray(moved, dtype=np.int64)
+            shift.add(arr_d, 5 * R + idx, moved_rows)
+            shift.add_slots(arr_d, 6 * R + idx, arr_d, 5 * R + idx, 1, moved_rows)
+        out = {"arr": arr_d, "last": stg.add(np.array([last, lastadd]), torch.int64),
                "rows": stg.add([r.row for r in reqs], torch.int64), "meta": None}
         if self.draft.num_layers > 1:
             # Layers above the first attend: each request's pairs form a causal run of rows at

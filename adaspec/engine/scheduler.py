@@ -147,7 +147,10 @@ class Scheduler:
             if draft is not None and num_new + draft.num_nodes > budget:
                 draft = draft.capped(0)
             while True:
-                slots = req.num_computed + num_new + (draft.spec_slots if draft else 0) + self.extra_slot
+                # `spec_ahead`: a speculative step still in flight may emit that many tokens
+                # more than the one this plan assumes (the runner shifts positions on the device).
+                slots = (req.num_computed + num_new + (draft.spec_slots if draft else 0) + self.extra_slot
+                         + req.spec_ahead)
                 if self.kv.reserve(req, slots):
                     break
                 if draft is not None:      # give up speculation before anyone's KV
@@ -161,6 +164,7 @@ class Scheduler:
             if req is None:
                 break
             plan.scheduled.append(ScheduledRequest(req, num_new, draft))
+            req.in_flight += 1
             budget -= num_new + (draft.num_nodes if draft else 0)
             i += 1
         # New requests, oldest first, while budget, sequence slots and blocks allow.
@@ -182,6 +186,7 @@ class Scheduler:
             req.status = Status.RUNNING
             self.running.append(req)
             plan.scheduled.append(ScheduledRequest(req, num_new, None))
+            req.in_flight += 1
             budget -= num_new
         return plan
 
@@ -241,13 +246,14 @@ class Scheduler:
     # ---- after the step -------------------------------------------------------------------
     def launched(self, plan: StepPlan) -> None:
         """The runner has launched `plan`: its committed tokens count as computed from now on,
-        and every sampling request owes one token until `postprocess`. This is what lets the
-        next step be planned while this one runs (after a non-speculative step)."""
+        and every sampling request owes one token until `postprocess` (a speculative one may
+        emit up to `spec_ahead` more). This is what lets the next step be planned while this
+        one runs."""
         for s in plan.scheduled:
             req = s.req
             req.num_computed += s.num_new_tokens
             req.pending += s.samples
-            req.in_flight += 1
+            req.spec_ahead = s.draft.num_steps if s.draft is not None else 0
             self.kv.commit(req)   # prompt blocks become matchable before the step's results
 
     def postprocess(self, plan: StepPlan, results: list[StepResult]) -> list[Request]:
@@ -258,6 +264,8 @@ class Scheduler:
             req = s.req
             req.pending -= s.samples
             req.in_flight -= 1
+            if not req.in_flight:   # else the later step's launch has set its own
+                req.spec_ahead = 0
             if req.is_finished:          # aborted (or stopped by an earlier step) meanwhile
                 continue
             preempted = req.status == Status.WAITING   # preempted while the step ran: its
@@ -275,11 +283,10 @@ class Scheduler:
                 changed.append(req)
             if req.is_finished or preempted:
                 continue
-            if s.draft is not None:
-                # Rollback: keep slots for committed KV (+ the draft's shifted slot) only. (A
-                # speculative step is collected before the next one is planned, and a plain
-                # step reserved nothing beyond what it computed.)
-                assert not req.in_flight, "a speculative step must be collected before the next is planned"
+            if not req.in_flight:
+                # Rollback: keep slots for committed KV (+ the draft's shifted slot) only. A
+                # request in a later planned step keeps that step's reservation; it is trimmed
+                # when that step is applied.
                 self.kv.release_tail(req, req.num_computed + self.extra_slot)
             self.kv.commit(req)
         return changed
