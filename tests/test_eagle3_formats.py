@@ -265,10 +265,10 @@ def _check_drafts(llama_dir, target, head_dir: Path, variant: dict, aux_inputs: 
     runner = llm.engine.runner
     seen, pending, stage, run = [], [], runner._stage_chain, runner._run_chain
 
-    def spy_stage(stg, sched, lay, reqs, rows, N):  # which requests draft, and how deep
+    def spy_stage(stg, sched, lay, reqs, rows, N, *rest):  # which requests draft, and how deep
         pending[:] = [(list(reqs[i].all_token_ids), lay[i].depth) for i, s in enumerate(sched)
                       if s.draft is not None and lay[i].pad]
-        return stage(stg, sched, lay, reqs, rows, N)
+        return stage(stg, sched, lay, reqs, rows, N, *rest)
 
     def spy_run(drafts, ids_d, N):
         out = run(drafts, ids_d, N)

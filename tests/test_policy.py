@@ -123,12 +123,12 @@ def test_draft_stays_fresh_through_an_off_period(agree_dir, trained_head, monkey
     # Sensitivity check: a stale draft (the peers' bug) loses acceptance measurably.
     original = ModelRunner._stage_refresh
 
-    def stale(self, stg, sched, lay, reqs, trees, N):
+    def stale(self, stg, sched, lay, reqs, trees, N, *rest):
         keep = [i for i, s in enumerate(sched) if s.draft is not None or s.num_new_tokens > 1]
         if not keep:
             return None
         return original(self, stg, [sched[i] for i in keep], [lay[i] for i in keep], [reqs[i] for i in keep],
-                        trees, N)
+                        trees, N, *rest)
     monkeypatch.setattr(ModelRunner, "_stage_refresh", stale)
     _, stale_acc = measure((n // 3, 2 * n // 3))
     assert stale_acc < interrupted - 0.1, (stale_acc, interrupted)

@@ -199,7 +199,7 @@ class Engine:
     def _observe(self, plan: StepPlan, results: list[StepResult], elapsed: float) -> None:
         acc, drafted = Counter(), Counter()
         for s, res in zip(plan.scheduled, results):
-            if s.draft is not None:
+            if s.draft is not None and not res.discarded:
                 self.spec_stats.record(res.tree_depth, res.tree_nodes, res.num_accepted)
                 for d in range(res.tree_depth):
                     drafted[d] += 1
@@ -236,7 +236,8 @@ class Engine:
             outs.append(RequestOutput(
                 request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
                 token_ids=req.output_token_ids, text=text, new_token_ids=new_ids, new_text=new_text,
-                finished=req.is_finished, finish_reason=req.finish_reason, spec=req.spec.as_dict(),
+                finished=req.is_finished, finish_reason=req.finish_reason,
+                spec=req.spec.as_dict() if req.is_finished else {},
                 num_cached_tokens=req.num_cached_tokens, error=req.error))
             if req.is_finished:
                 self.requests.pop(req.request_id, None)

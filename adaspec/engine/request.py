@@ -97,7 +97,7 @@ class RequestOutput:
     new_text: str | None
     finished: bool
     finish_reason: str | None  # "stop" | "length" | "abort" | None while running
-    spec: dict
+    spec: dict                 # the request's speculation figures (SpecStats.as_dict), final output only
     num_cached_tokens: int = 0
     error: str | None = None
 

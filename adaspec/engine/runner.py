@@ -433,8 +433,7 @@ class ModelRunner:
         fill = stg.add([fill_at, fill_from], torch.int64) if fill_at else None
         vsrc = stg.add([rows[i] for i in V], torch.int64) if V else None
         drafts = self._stage_chain(stg, sched, lay, reqs, rows, N, shift_d) if chain else None
-        refresh = (self._stage_refresh(stg, sched, lay, reqs, trees, N, shift, rows)
-                   if self.draft is not None else None)
+        refresh = self._stage_refresh(stg, sched, lay, reqs, trees, N, shift) if self.draft is not None else None
         shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh]
         stg.commit()
         self.rows.apply_updates(upd_d.t if upd_d is not None else None)
@@ -627,7 +626,7 @@ class ModelRunner:
         src, dst = slot(src_idx).reshape(-1), slot(dst_idx).reshape(-1)
         self.kv[:, :, dst] = self.kv[:, :, src]
 
-    def _stage_refresh(self, stg, sched, lay, reqs, trees, N, shift=None, rows=None):
+    def _stage_refresh(self, stg, sched, lay, reqs, trees, N, shift=None):
         """Stage the draft-KV refresh: the pair (hidden_p, token_{p+1}) of every newly
         committed position p goes to draft slot p+1, for every request, speculating or not."""
         base, dsel, vreq, emj, htok, dpos, dslot, last, lastadd = [], [], [], [], [], [], [], [], []
@@ -670,7 +669,7 @@ class ModelRunner:
                 lastadd.append(-1)
             if shift is not None and r.pending:
                 moved.extend(range(first, len(base)))
-                moved_rows.extend([rows[i]] * (len(base) - first))
+                moved_rows.extend([r.row] * (len(base) - first))
         if not base:
             return None
         arr = np.array([base, dsel, vreq, emj, htok, dpos, dslot], dtype=np.int64)

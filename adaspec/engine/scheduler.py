@@ -83,6 +83,7 @@ class StepResult:
     tree_depth: int = 0           # depth of the verified tree (0 = no speculation)
     tree_nodes: int = 0           # draft tokens verified
     path: list[int] = field(default_factory=list)  # accepted tree node indices, root excluded
+    discarded: bool = False       # set by postprocess: the request had finished before (overlap)
 
 
 class Scheduler:
@@ -254,7 +255,8 @@ class Scheduler:
             req.num_computed += s.num_new_tokens
             req.pending += s.samples
             req.spec_ahead = s.draft.num_steps if s.draft is not None else 0
-            self.kv.commit(req)   # prompt blocks become matchable before the step's results
+            if s.num_new_tokens > 1:   # prompt blocks become matchable before the step's results
+                self.kv.commit(req)
 
     def postprocess(self, plan: StepPlan, results: list[StepResult]) -> list[Request]:
         """Apply the runner's results of a launched plan; return the requests that changed
@@ -267,6 +269,7 @@ class Scheduler:
             if not req.in_flight:   # else the later step's launch has set its own
                 req.spec_ahead = 0
             if req.is_finished:          # aborted (or stopped by an earlier step) meanwhile
+                res.discarded = True
                 continue
             preempted = req.status == Status.WAITING   # preempted while the step ran: its
             if not preempted:                          # token is valid, its KV is gone

@@ -19,9 +19,10 @@ def test_cuda_greedy_lossless_chain_and_tree(tmp_path):
     h = make_eagle3_head(tmp_path / "h", d, draft_vocab_size=200)
     prompts = [[(7 * i + j) % 300 + 3 for j in range(5 + 3 * i)] for i in range(6)]
     sp = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    ref = LLM(str(d), device="cuda", dtype="float32").generate(prompts, sp)
+    ref = LLM(str(d), device="cuda", dtype="float32", max_num_seqs=16).generate(prompts, sp)
     for shape in (dict(num_steps=3, topk=1), dict(num_steps=2, topk=4, num_draft_tokens=16)):
-        llm = LLM(str(d), draft=str(h), speculation="always", device="cuda", dtype="float32", **shape)
+        llm = LLM(str(d), draft=str(h), speculation="always", device="cuda", dtype="float32", max_num_seqs=16,
+                  **shape)
         outs = llm.generate(prompts, sp)
         assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
         st = llm.stats()
@@ -36,7 +37,7 @@ def test_cuda_graphs_and_triton_match_torch_reference(tmp_path, arch):
     h = make_eagle3_head(tmp_path / "h", d, draft_vocab_size=200)
     prompts = [[(11 * i + 5 * j) % 300 + 3 for j in range(3 + 7 * i)] for i in range(5)]
     sp = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    base = dict(device="cuda", dtype="float32", block_size=16)
+    base = dict(device="cuda", dtype="float32", block_size=16, max_num_seqs=16)   # fewer graphs to capture
     ref = [o.token_ids for o in LLM(str(d), attention_backend="torch", enforce_eager=True, **base).generate(prompts, sp)]
     for kw in (dict(attention_backend="triton", enforce_eager=True), dict(attention_backend="triton")):
         assert [o.token_ids for o in LLM(str(d), **kw, **base).generate(prompts, sp)] == ref, kw
@@ -59,7 +60,7 @@ def test_cuda_matches_transformers(tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).cuda().eval()
     ref = [hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=24, do_sample=False, eos_token_id=None,
                        pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-    got = LLM(str(d), device="cuda", dtype="float32").generate(
+    got = LLM(str(d), device="cuda", dtype="float32", max_num_seqs=16).generate(
         prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
     assert [o.token_ids for o in got] == ref
 
@@ -102,7 +103,7 @@ def test_cuda_overlap_changes_nothing(tmp_path):
     h = make_eagle3_head(tmp_path / "h", d, draft_vocab_size=200)
     prompts = [[(3 * i + 7 * j) % 300 + 3 for j in range(6 + 5 * i)] for i in range(8)]
     greedy = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (1, 5, 33, 2, 17, 40, 9, 24)]
-    base = dict(device="cuda", dtype="float32", block_size=16, num_kv_blocks=24)
+    base = dict(device="cuda", dtype="float32", block_size=16, num_kv_blocks=24, max_num_seqs=16)
     ref = [o.token_ids for o in LLM(str(d), overlap=False, **base).generate(prompts, greedy)]
     for kw in ({}, dict(speculation="always", num_steps=3), dict(speculation="always", num_steps=2, topk=4,
                                                                   num_draft_tokens=8),
