@@ -13,29 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from adaspec import LLM, SamplingParams
-
-SHAPES = {
-    "llama-8b": ({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
-                  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                  "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
-                  "rope_theta": 500000.0, "torch_dtype": "bfloat16"},
-                 {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096, "intermediate_size": 14336,
-                  "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8,
-                  "vocab_size": 128256, "draft_vocab_size": 32000, "rms_norm_eps": 1e-5, "rope_theta": 500000.0}),
-    "tiny": ({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320,
-              "max_position_embeddings": 1024},
-             {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320}),
-}
-
+from adaspec.bench.shapes import SHAPES, write_shape_dirs
 
 def run(llm: LLM, batch: int, input_len: int, output_len: int, vocab: int, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
@@ -74,13 +58,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     extra = {}
     if a.shape:
-        tmp = Path(tempfile.mkdtemp())
-        tcfg, dcfg = SHAPES[a.shape]
-        (tmp / "t").mkdir()
-        (tmp / "t" / "config.json").write_text(json.dumps(tcfg))
-        (tmp / "d").mkdir()
-        (tmp / "d" / "config.json").write_text(json.dumps(dcfg))
-        a.model, a.draft = str(tmp / "t"), str(tmp / "d")
+        tcfg = SHAPES[a.shape][0]
+        a.model, a.draft = write_shape_dirs(a.shape)
         extra = dict(load_format="dummy", spec_simulate_accept_rate=a.accept_rate)
         vocab = tcfg["vocab_size"]
     else:

@@ -20,21 +20,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from adaspec import LLM, SamplingParams
+from adaspec.bench.shapes import write_shape_dirs
 
-TARGET = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
-          "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-          "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
-          "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
-HEAD = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096, "intermediate_size": 14336,
-        "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "vocab_size": 128256, "draft_vocab_size": 32000, "rms_norm_eps": 1e-5, "rope_theta": 500000.0}
 CTX = 512
 CONFIGS = {
     "off": dict(),
@@ -44,11 +37,7 @@ CONFIGS = {
 
 
 def write_dirs() -> tuple[str, str]:
-    tmp = Path(tempfile.mkdtemp())
-    for name, cfg in (("t", TARGET), ("d", HEAD)):
-        (tmp / name).mkdir()
-        (tmp / name / "config.json").write_text(json.dumps(cfg))
-    return str(tmp / "t"), str(tmp / "d")
+    return write_shape_dirs("llama-8b")
 
 
 def make_llm(target: str, draft: str, config: str, max_num_seqs: int, **kw) -> tuple[LLM, float]:

@@ -10,7 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
@@ -24,7 +23,7 @@ from adaspec.bench.datasets import (CodeDataset, JsonlDataset, RandomDataset, Sa
 from adaspec.bench.metrics import (level_metrics, parse_prometheus_text, percentile, spec_counters,
                                    spec_delta, summarize)
 from adaspec.bench.client import RequestResult
-from adaspec.bench.report import compare_rows, compare_table, plot_runs, sweep_table, write_json
+from adaspec.bench.report import compare_rows, compare_table, plot_runs, write_json
 from adaspec.bench.server import ServerProcess, ServerStartError, free_port
 from adaspec.bench.sweep import Level, SweepConfig, find_simulated_acceptance, run_sweep
 
@@ -559,6 +558,30 @@ def test_bench_cli_all_failing_exits_nonzero(fresh, tmp_path, capsys):
     assert rc == 1 and "warm-up" in capsys.readouterr().err
 
 
+def test_bench_per_level_prompt_counts_and_starts(fresh, tmp_path):
+    """--num-prompts per level and --prompt-starts: each level sends exactly its own slice of
+    the dataset stream, and records where it started."""
+    state, url = fresh
+    out_json = tmp_path / "b.json"
+    rc = bench_cli.bench_main(["--url", url, "--concurrency", "1,2", "--num-prompts", "3,5",
+                               "--prompt-starts", "10,40", "--num-warmup", "1", "--input-len", "6",
+                               "--output-len", "4", "--vocab-size", "100", "--seed", "7",
+                               "--result-json", str(out_json), "--disable-tqdm"])
+    assert rc == 0
+    levels = json.loads(out_json.read_text())["levels"]
+    assert [(lv["completed"], lv["first_prompt"]) for lv in levels] == [(3, 10), (5, 40)]
+    ds = RandomDataset(6, 4, vocab_size=100, seed=7)
+    # (a previous test's timed-out requests may still reach the fake server: keep this test's)
+    sent = [b["prompt"] for b in state.bodies if b["max_tokens"] == 4 and len(b["prompt"]) == 6]
+    assert len(sent) == 1 + 3 + 5
+    assert sent[0] == ds.sample(1, 0)[0].prompt                          # warm-up
+    assert sent[1:4] == [s.prompt for s in ds.sample(3, 10)]             # closed loop at 1: in order
+    assert sorted(sent[4:]) == sorted(s.prompt for s in ds.sample(5, 40))
+    for bad in (["--num-prompts", "3,5,7"], ["--prompt-starts", "10"], ["--prompt-starts", "0,40"]):
+        with pytest.raises(SystemExit):
+            bench_cli.bench_main(["--url", url, "--concurrency", "1,2", "--num-warmup", "1", *bad])
+
+
 def test_compare_helpers():
     assert bench_cli.parse_config("threshold:8") == ("threshold", 8)
     assert bench_cli.parse_config("auto") == ("auto", None)
@@ -593,7 +616,8 @@ def test_compare_report_table_and_plot(tmp_path):
     assert rows[1]["ratio_to_best"]["always"] == pytest.approx(0.75)
     text = compare_table(rows, ["off", "always", "auto"], "T", simulated=0.8)
     assert "SIMULATED ACCEPTANCE" in text and "0.8" in text and "always/best" in text
-    assert "0.75" in text and "-" in text.splitlines()[-1]
+    throughput_rows = [line for line in text.splitlines() if line.split()[:1] == ["8"]]
+    assert "0.75" in throughput_rows[0] and throughput_rows[0].split()[3] == "-"   # auto: no figure
     png = plot_runs(tmp_path / "c.png", runs, "t", simulated=0.8)
     assert png.read_bytes()[:4] == b"\x89PNG"
     p = write_json(tmp_path / "x.json", {"a": float("nan"), "b": [math.inf, 1.0]})

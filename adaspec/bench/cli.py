@@ -10,17 +10,17 @@ import argparse
 import asyncio
 import datetime as _dt
 import json
-import math
 import shlex
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from adaspec.bench.client import ApiTarget, BenchError
+from adaspec.bench.configs import ServerConfig, check_flags, parse_configs, parse_policy, raising
 from adaspec.bench.datasets import Dataset, load_dataset
 from adaspec.bench.report import (compare_rows, compare_table, plot_runs, simulated_banner,
                                   sweep_table, write_json)
-from adaspec.bench.server import ServerProcess, ServerStartError, free_port
+from adaspec.bench.server import ServerProcess, free_port
 from adaspec.bench.sweep import Level, SweepConfig, run_sweep
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64"
@@ -30,7 +30,7 @@ PASSTHROUGH_ENGINE_FLAGS = (
     "tokenizer", "num_steps", "topk", "num_draft_tokens", "spec_simulate_accept_rate", "device",
     "dtype", "load_format", "seed", "block_size", "num_kv_blocks", "kv_cache_memory",
     "gpu_memory_utilization", "no_prefix_caching", "max_num_seqs", "max_num_batched_tokens",
-    "max_model_len", "served_model_name")
+    "max_model_len", "served_model_name", "attention_backend", "enforce_eager", "generation_config")
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -42,6 +42,22 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
     if not vals or any(v < 1 for v in vals):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _counts(text: str) -> int | list[int]:
+    """One positive integer, or a comma-separated list of them."""
+    vals = _int_list(text)
+    return vals[0] if len(vals) == 1 and "," not in text else vals
+
+
+def _nonneg_int_list(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not vals or any(v < 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
     return vals
 
 
@@ -76,7 +92,11 @@ def add_bench_args(p: argparse.ArgumentParser, *, for_compare: bool = False) -> 
                         "at once); replaces the concurrency levels")
     g.add_argument("--max-concurrency", type=int, default=None,
                    help="open loop: at most this many requests in flight")
-    g.add_argument("--num-prompts", type=int, default=100, help="requests per level")
+    g.add_argument("--num-prompts", type=_counts, default=100,
+                   help="requests per level: one number, or one per level (comma-separated)")
+    g.add_argument("--prompt-starts", type=_nonneg_int_list, default=None,
+                   help="dataset index of each level's first request, one per level (default: "
+                        "the levels' requests one after another, after the warm-up's)")
     g.add_argument("--num-warmup", type=int, default=2, help="uncounted requests before the sweep")
     g.add_argument("--dataset", default="random",
                    help="'random', a Spec-Bench/MT-bench .jsonl path, or 'code:DIR'")
@@ -143,8 +163,19 @@ def _dataset(a: argparse.Namespace, tokenizer_path: str | None, model_dir: str |
 
 
 def _sweep_config(a: argparse.Namespace) -> SweepConfig:
-    return SweepConfig(levels=_levels(a), num_prompts=a.num_prompts, num_warmup=a.num_warmup,
-                       seed=a.seed, scrape_metrics=a.scrape_metrics, progress=not a.disable_tqdm)
+    levels = _levels(a)
+    counts = a.num_prompts
+    if isinstance(counts, list) and len(counts) != len(levels):
+        raise ValueError(f"--num-prompts: give one number or one per level ({len(levels)}), "
+                         f"got {len(counts)}")
+    return SweepConfig(levels=levels, num_prompts=tuple(counts) if isinstance(counts, list) else counts,
+                       num_warmup=a.num_warmup, seed=a.seed, scrape_metrics=a.scrape_metrics,
+                       progress=not a.disable_tqdm,
+                       prompt_starts=tuple(a.prompt_starts) if a.prompt_starts else None)
+
+
+def _text(counts: int | list[int]) -> str:
+    return ",".join(map(str, counts)) if isinstance(counts, list) else str(counts)
 
 
 def _now() -> str:
@@ -200,28 +231,17 @@ def bench_main(argv: Sequence[str]) -> int:
 
 def parse_config(text: str) -> tuple[str, int | None]:
     """'off' | 'always' | 'auto' | 'threshold:N' -> (policy, spec_disable_batch_size)."""
-    name, _, arg = text.strip().partition(":")
-    if name in ("off", "always", "auto"):
-        if arg:
-            raise ValueError(f"configuration {text!r} takes no argument")
-        return name, None
-    if name == "threshold":
-        try:
-            n = int(arg)
-        except ValueError:
-            raise ValueError(f"configuration {text!r}: use threshold:N with an integer N") from None
-        if n < 1:
-            raise ValueError(f"configuration {text!r}: N must be >= 1")
-        return name, n
-    raise ValueError(f"unknown configuration {text!r}: use off, always, threshold:N or auto")
+    return parse_policy(text)
 
 
-def passthrough_flags(p: argparse.ArgumentParser, a: argparse.Namespace) -> list[str]:
-    """The engine flags given with a non-default value, as command-line words."""
+def passthrough_flags(p: argparse.ArgumentParser, a: argparse.Namespace,
+                      skip: Sequence[str] = ()) -> list[str]:
+    """The engine flags given with a non-default value, as command-line words (`skip`: the
+    destinations a configuration sets itself)."""
     words: list[str] = []
     for dest in PASSTHROUGH_ENGINE_FLAGS:
         value = getattr(a, dest)
-        if value == p.get_default(dest):
+        if dest in skip or value == p.get_default(dest):
             continue
         flag = "--" + dest.replace("_", "-")
         if isinstance(value, bool):
@@ -233,15 +253,39 @@ def passthrough_flags(p: argparse.ArgumentParser, a: argparse.Namespace) -> list
 
 
 def server_command(a: argparse.Namespace, policy: str, disable_bs: int | None, port: int,
-                   extra: Sequence[str]) -> list[str]:
-    """`python -m adaspec.cli serve ...` for one configuration ('off' runs without the draft)."""
+                   extra: Sequence[str], *, with_draft: bool = True) -> list[str]:
+    """`python -m adaspec.cli serve ...` for one configuration ('off' runs without the draft;
+    `with_draft=False`: `extra` names the draft itself)."""
     cmd = [sys.executable, "-m", "adaspec.cli", "serve", "--model", a.model]
-    if policy != "off":
+    if policy != "off" and with_draft:
         cmd += ["--draft", a.draft]
     cmd += ["--speculation", policy]
     if disable_bs is not None:
         cmd += ["--spec-disable-batch-size", str(disable_bs)]
     return cmd + ["--host", "127.0.0.1", "--port", str(port), *extra]
+
+
+def config_server_command(p: argparse.ArgumentParser, a: argparse.Namespace, cfg: ServerConfig,
+                          port: int) -> tuple[list[str], argparse.Namespace]:
+    """The server command of one configuration: the global engine flags, minus those the
+    configuration sets, then its own flags. Parsed with the server's parser and turned into
+    an `EngineConfig` (nothing loaded), so a bad flag or an impossible draft shape fails here,
+    before any server starts. Returns (command, the server's parsed arguments); raises
+    ValueError naming the configuration."""
+    from adaspec.config import EngineConfig, engine_kwargs_from_cli
+    from adaspec.server.cli import build_serve_parser
+
+    given = check_flags(cfg, build_serve_parser())
+    extra = passthrough_flags(p, a, skip=given) + list(cfg.flags)
+    if cfg.policy != "off" and a.draft is None and given.get("draft") is None:
+        raise ValueError(f"configuration {cfg.label!r} ({cfg.policy_text}) needs --draft")
+    cmd = server_command(a, cfg.policy, cfg.disable_bs, port, extra, with_draft="draft" not in given)
+    try:
+        ns = raising(build_serve_parser()).parse_args(cmd[4:])
+        EngineConfig.create(ns.model, **engine_kwargs_from_cli(ns))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"configuration {cfg.label!r}: {e}") from None
+    return cmd, ns
 
 
 def compare_main(argv: Sequence[str]) -> int:
@@ -255,7 +299,12 @@ def compare_main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="adaspec compare", description=compare_main.__doc__)
     add_engine_cli_args(p)
     p.add_argument("--configs", default="off,always",
-                   help="comma-separated: off, always, threshold:N, auto")
+                   help="comma-separated [LABEL=]POLICY[FLAGS], POLICY one of off, always, auto, "
+                        "threshold:N (speculate while at most N requests run), FLAGS `adaspec serve` "
+                        "flags in brackets that override the shared ones (and --request-json JSON: "
+                        "fields added to every request of that configuration), e.g. "
+                        "'off,chain3=always[--num-steps 3 --topk 1],thr32=threshold:32' "
+                        "(see adaspec/bench/configs.py)")
     p.add_argument("--out-dir", required=True, help="compare.json, compare.png and server logs")
     p.add_argument("--server-timeout", type=float, default=600.0,
                    help="seconds to wait for each server's /health")
@@ -269,13 +318,9 @@ def compare_main(argv: Sequence[str]) -> int:
     if a.speculation is not None or a.spec_disable_batch_size is not None:
         p.error("--speculation/--spec-disable-batch-size are set per configuration: use --configs")
     try:
-        configs = [(c.strip(), *parse_config(c)) for c in a.configs.split(",") if c.strip()]
-        if not configs:
-            raise ValueError("--configs is empty")
-        if len({c[0] for c in configs}) != len(configs):
-            raise ValueError(f"--configs repeats a configuration: {a.configs}")
-        if a.draft is None and any(pol != "off" for _, pol, _ in configs):
-            raise ValueError("configurations other than 'off' need --draft")
+        configs = parse_configs(a.configs)
+        # Every server command is built and checked before the first server starts.
+        planned = [(c, *config_server_command(p, a, c, 0)) for c in configs]
         cfg = _sweep_config(a)
         dataset = _dataset(a, a.tokenizer or a.model, a.model)
     except ValueError as e:
@@ -283,19 +328,24 @@ def compare_main(argv: Sequence[str]) -> int:
 
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    extra = passthrough_flags(p, a)
+    rates = {ns.spec_simulate_accept_rate for c, _, ns in planned if c.policy != "off"}
     simulated = a.spec_simulate_accept_rate
+    if simulated is None and len(rates) == 1:
+        simulated = next(iter(rates))
     title = (f"adaspec compare: model={a.model} draft={a.draft} dataset={dataset.name} "
-             f"in={a.input_len} out={a.output_len} prompts/level={a.num_prompts}")
+             f"in={a.input_len} out={a.output_len} prompts/level={_text(a.num_prompts)}")
     runs: dict[str, dict] = {}
     failures = 0
     interrupted = False
-    for label, policy, disable_bs in configs:
+    for c, _, ns in planned:
+        label = c.label
         port = free_port()
-        cmd = server_command(a, policy, disable_bs, port, extra)
+        cmd, _ = config_server_command(p, a, c, port)
         safe = label.replace(":", "-")
-        entry: dict = {"server_command": cmd, "server_log": str(out_dir / f"server-{safe}.log"),
-                       "error": None, "levels": []}
+        entry: dict = {"policy": c.policy, "spec_disable_batch_size": c.disable_bs,
+                       "flags": list(c.flags), "request_json": c.request_fields or None,
+                       "config": c.to_text(), "server_command": cmd,
+                       "server_log": str(out_dir / f"server-{safe}.log"), "error": None, "levels": []}
         runs[label] = entry
         print(f"== {label}: starting {shlex.join(cmd)}", file=sys.stderr)
         server = ServerProcess(cmd, f"http://127.0.0.1:{port}", entry["server_log"],
@@ -305,7 +355,8 @@ def compare_main(argv: Sequence[str]) -> int:
                 entry["startup_s"] = server.startup_s
                 target = ApiTarget(base_url=server.base_url, model="", endpoint=a.endpoint,
                                    ignore_eos=a.ignore_eos, temperature=a.temperature,
-                                   timeout_s=a.timeout)
+                                   timeout_s=a.timeout,
+                                   extra_body=tuple(c.request_fields.items()))
                 entry.update(asyncio.run(run_sweep(target, dataset, cfg)))
         except BenchError as e:
             entry["error"] = str(e)
@@ -318,14 +369,15 @@ def compare_main(argv: Sequence[str]) -> int:
             print(f"adaspec compare: interrupted during {label}; writing what is done",
                   file=sys.stderr)
             break
-        if entry.get("simulated_acceptance") is None and simulated is not None and policy != "off":
-            entry["simulated_acceptance"] = simulated
+        rate = ns.spec_simulate_accept_rate
+        if entry.get("simulated_acceptance") is None and rate is not None and c.policy != "off":
+            entry["simulated_acceptance"] = rate
         print(sweep_table(entry, f"-- {label}"))
         if _completed(entry) == 0:
             failures += 1
 
     rows = compare_rows(runs)
-    names = [c[0] for c in configs]
+    names = [c.label for c in configs]
     print()
     print(compare_table(rows, names, title, simulated))
     result = {"tool": "adaspec compare", "command": "adaspec compare " + shlex.join(argv),

@@ -36,6 +36,7 @@ class ApiTarget:
     ignore_eos: bool = True
     temperature: float = 0.0
     timeout_s: float = 600.0             # whole-request limit, streaming included
+    extra_body: tuple = ()               # (key, value) pairs added to every request body
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
@@ -143,6 +144,7 @@ def build_payload(target: ApiTarget, sample: SampleRequest) -> dict:
         body["prompt"] = sample.prompt
     if target.ignore_eos:
         body["ignore_eos"] = True
+    body.update(dict(target.extra_body))
     return body
 
 

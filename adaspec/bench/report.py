@@ -51,13 +51,13 @@ def sweep_table(run: Mapping, title: str = "") -> str:
     simulated acceptance, the simulation banner."""
     closed = all(lv.get("mode", "closed") == "closed" for lv in run["levels"])
     header = ["conc" if closed else "rate", "ok", "fail", "req/s", "out tok/s", "tot tok/s",
-              "TTFT mean", "TTFT p99", "TPOT mean", "TPOT p99", "ITL mean", "E2EL mean", "acc len"]
+              "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL mean", "E2EL mean", "acc len"]
     rows = []
     for lv in run["levels"]:
         rows.append([level_label(lv), _fmt(lv["completed"]), _fmt(lv["failed"]),
                      _fmt(lv["request_throughput"], 2), _fmt(lv["output_throughput"]),
-                     _fmt(lv["total_token_throughput"]), _fmt(lv["mean_ttft_ms"]),
-                     _fmt(lv["p99_ttft_ms"]), _fmt(lv["mean_tpot_ms"], 2), _fmt(lv["p99_tpot_ms"], 2),
+                     _fmt(lv["total_token_throughput"]), _fmt(lv["median_ttft_ms"]),
+                     _fmt(lv["p99_ttft_ms"]), _fmt(lv["median_tpot_ms"], 2), _fmt(lv["p99_tpot_ms"], 2),
                      _fmt(lv["mean_itl_ms"], 2), _fmt(lv["mean_e2el_ms"]),
                      _fmt(lv.get("acceptance_length"), 2)])
     parts = [title] if title else []
@@ -69,33 +69,51 @@ def sweep_table(run: Mapping, title: str = "") -> str:
     return "\n".join(parts)
 
 
+#: Per-configuration figures `compare_rows` puts beside the throughput of each level.
+ROW_FIELDS = ("median_tpot_ms", "p99_tpot_ms", "median_ttft_ms", "p99_ttft_ms", "acceptance_length")
+
+
+def level_order(runs: Mapping[str, Mapping]) -> list[tuple[str, Mapping]]:
+    """The levels of all runs, matched by label: (label, a level dict carrying it), closed-loop
+    levels by increasing concurrency, otherwise in order of first appearance. Runs may sweep
+    different levels (a failed run, results merged from several partial runs)."""
+    seen: dict[str, Mapping] = {}
+    for run in runs.values():
+        for lv in run.get("levels") or []:
+            seen.setdefault(level_label(lv), lv)
+    items = list(seen.items())
+    if items and all(lv.get("mode", "closed") == "closed" and isinstance(lv.get("concurrency"), int)
+                     for _, lv in items):
+        items.sort(key=lambda kv: kv[1]["concurrency"])
+    return items
+
+
 def compare_rows(runs: Mapping[str, Mapping]) -> list[dict]:
-    """Side-by-side output throughput per level: ``{"level", "throughput": {cfg: tok/s},
-    "best", "ratio_to_best": {cfg: x}}``. Levels are matched by position (every run sweeps
-    the same levels); a configuration without a figure (failed run) gets None."""
-    ok = {k: r for k, r in runs.items() if r.get("levels")}
-    if not ok:
-        return []
-    n = max(len(r["levels"]) for r in ok.values())
-    ref = next(r for r in ok.values() if len(r["levels"]) == n)
+    """One dict per level: ``{"level", "concurrency", "throughput": {cfg: tok/s}, "best",
+    "ratio_to_best": {cfg: x}}`` plus, for each field of `ROW_FIELDS` (p50/p99 TPOT and
+    TTFT, acceptance length), ``{cfg: value}``. Levels are matched by label; a configuration
+    without that level (failed run, partial sweep) gets None."""
     rows = []
-    for i in range(n):
-        tput = {}
-        for name in runs:
-            levels = runs[name].get("levels") or []
-            tput[name] = levels[i].get("output_throughput") if i < len(levels) else None
+    for label, ref in level_order(runs):
+        by_cfg = {name: next((lv for lv in run.get("levels") or [] if level_label(lv) == label), None)
+                  for name, run in runs.items()}
+        tput = {k: (lv or {}).get("output_throughput") for k, lv in by_cfg.items()}
         valid = {k: v for k, v in tput.items() if v is not None and v > 0}
         best = max(valid, key=valid.get) if valid else None
         ratio = {k: (v / valid[best] if best and v is not None else None) for k, v in tput.items()}
-        rows.append({"level": level_label(ref["levels"][i]), "throughput": tput, "best": best,
-                     "ratio_to_best": ratio})
+        row = {"level": label, "concurrency": ref.get("concurrency") if ref.get("mode", "closed") == "closed" else None,
+               "throughput": tput, "best": best, "ratio_to_best": ratio}
+        for f in ROW_FIELDS:
+            row[f] = {k: (lv or {}).get(f) for k, lv in by_cfg.items()}
+        rows.append(row)
     return rows
 
 
 def compare_table(rows: Sequence[Mapping], configs: Sequence[str], title: str = "",
                   simulated: float | None = None) -> str:
-    """The comparison table: output tok/s of each configuration, the best one, and each
-    configuration's ratio to the best, one row per level."""
+    """The comparison: output tok/s of each configuration, the best one and each one's ratio
+    to the best, one row per level; then one row per level and configuration with its p50 and
+    p99 TPOT and TTFT (ms) and acceptance length."""
     header = ["level"] + [f"{c} tok/s" for c in configs] + ["best"] + [f"{c}/best" for c in configs]
     body = []
     for r in rows:
@@ -106,7 +124,25 @@ def compare_table(rows: Sequence[Mapping], configs: Sequence[str], title: str = 
     if banner:
         parts.append("!! " + banner)
     parts.append(_render(header, body))
+    parts.append("")
+    parts.append(latency_table(rows, configs))
     return "\n".join(parts)
+
+
+def latency_table(rows: Sequence[Mapping], configs: Sequence[str]) -> str:
+    """One row per level and configuration: tok/s, ratio to the level's best, p50/p99 TPOT
+    and TTFT in ms, acceptance length."""
+    header = ["level", "config", "out tok/s", "x best", "TPOT p50", "TPOT p99", "TTFT p50",
+              "TTFT p99", "acc len"]
+    body = []
+    for r in rows:
+        for c in configs:
+            g = lambda f: r.get(f, {}).get(c)  # noqa: E731
+            body.append([r["level"], c, _fmt(r["throughput"].get(c)), _fmt(r["ratio_to_best"].get(c), 2),
+                         _fmt(g("median_tpot_ms"), 2), _fmt(g("p99_tpot_ms"), 2),
+                         _fmt(g("median_ttft_ms")), _fmt(g("p99_ttft_ms")),
+                         _fmt(g("acceptance_length"), 2)])
+    return _render(header, body) + "\n(latencies in ms)"
 
 
 def _clean(obj: Any) -> Any:
@@ -128,46 +164,71 @@ def write_json(path: str | os.PathLike, obj: Mapping) -> Path:
     return path
 
 
-def plot_runs(path: str | os.PathLike, runs: Mapping[str, Mapping], title: str = "",
-              simulated: float | None = None) -> Path:
-    """A PNG with output throughput, median TPOT and median TTFT against the sweep levels,
-    one curve per run (levels on evenly spaced ticks, labelled by concurrency or rate)."""
+PLOT_PANELS = (("output_throughput", None, "output throughput (tok/s)"),
+               ("median_tpot_ms", "p99_tpot_ms", "TPOT (ms): p50 solid, p99 dashed"),
+               ("median_ttft_ms", "p99_ttft_ms", "TTFT (ms, log): p50 solid, p99 dashed"))
+
+
+def make_figure(runs: Mapping[str, Mapping], title: str = "", simulated: float | None = None):
+    """The figure `plot_runs` saves: three panels (output throughput, TPOT, TTFT on a log
+    scale) against the levels, one colour per run, p50 solid and p99 dashed. Closed-loop sweeps put concurrency
+    on a log2 axis; open-loop ones put the rates on evenly spaced ticks."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    panels = [("output_throughput", "output throughput (tok/s)"),
-              ("median_tpot_ms", "median TPOT (ms)"), ("median_ttft_ms", "median TTFT (ms)")]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    labels: list[str] = []
-    closed = True
-    for name, run in runs.items():
+    order = level_order(runs)
+    closed = bool(order) and all(lv.get("mode", "closed") == "closed" and isinstance(lv.get("concurrency"), int)
+                                 for _, lv in order)
+    pos = {label: (lv["concurrency"] if closed else i) for i, (label, lv) in enumerate(order)}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for n, (name, run) in enumerate(runs.items()):
         levels = run.get("levels") or []
-        if not levels:
-            continue
-        if len(levels) > len(labels):
-            labels = [level_label(lv) for lv in levels]
-        closed = closed and all(lv.get("mode", "closed") == "closed" for lv in levels)
-        for ax, (key, _) in zip(axes, panels):
-            xs = [i for i, lv in enumerate(levels) if lv.get(key) is not None]
-            ax.plot(xs, [levels[i][key] for i in xs], marker="o", label=name)
-    for ax, (_, ylabel) in zip(axes, panels):
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels)
-        ax.set_xlabel("concurrency" if closed else "request rate")
+        color = colors[n % len(colors)]
+        for ax, (key, p99, _) in zip(axes, PLOT_PANELS):
+            for field, style, lab in ((key, "-", name), (p99, "--", None)):
+                if field is None:
+                    continue
+                pts = sorted((pos[level_label(lv)], lv[field]) for lv in levels
+                             if lv.get(field) is not None and level_label(lv) in pos)
+                if pts:
+                    ax.plot([x for x, _ in pts], [y for _, y in pts], style, marker="o" if style == "-" else ".",
+                            color=color, label=lab, alpha=1.0 if style == "-" else 0.6)
+    ticks = [pos[label] for label, _ in order]
+    for ax, (_, _, ylabel) in zip(axes, PLOT_PANELS):
+        if closed:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([label for label, _ in order])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrency (closed loop)" if closed else "request rate")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        ax.set_ylim(bottom=0)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+        if "log" in ylabel:   # TTFT spans orders of magnitude from concurrency 1 to 256
+            if ax.lines:
+                ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
     full_title = title
     if simulated is not None:
         full_title = (title + "\n" if title else "") + f"SIMULATED acceptance rate {simulated:g}"
     if full_title:
         fig.suptitle(full_title, color="darkred" if simulated is not None else "black")
     fig.tight_layout()
+    return fig
+
+
+def plot_runs(path: str | os.PathLike, runs: Mapping[str, Mapping], title: str = "",
+              simulated: float | None = None) -> Path:
+    """Write `make_figure`'s PNG to `path` (creating parent directories)."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = make_figure(runs, title, simulated)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

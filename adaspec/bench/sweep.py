@@ -65,20 +65,45 @@ class Level:
 
 @dataclass(frozen=True)
 class SweepConfig:
+    """`num_prompts`: requests per level, one number for all or one per level.
+    `prompt_starts`: the dataset index of each level's first request (default: the levels
+    one after another, after the warm-up's `num_warmup` requests); giving them lets a sweep
+    of some of the levels send the same requests per level as a sweep of all of them."""
+
     levels: tuple[Level, ...]
-    num_prompts: int
+    num_prompts: int | tuple[int, ...]
     num_warmup: int = 2
     seed: int = 0                 # seeds the Poisson arrivals (the dataset has its own seed)
     scrape_metrics: bool = True
     progress: bool = True
+    prompt_starts: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.levels:
             raise ValueError("no levels to sweep")
-        if self.num_prompts < 1:
+        counts = self.num_prompts if isinstance(self.num_prompts, tuple) else (self.num_prompts,)
+        if isinstance(self.num_prompts, tuple) and len(counts) != len(self.levels):
+            raise ValueError(f"{len(counts)} prompt counts for {len(self.levels)} levels")
+        if any(n < 1 for n in counts):
             raise ValueError(f"num_prompts must be >= 1, got {self.num_prompts}")
         if self.num_warmup < 0:
             raise ValueError(f"num_warmup must be >= 0, got {self.num_warmup}")
+        if self.prompt_starts is not None:
+            if len(self.prompt_starts) != len(self.levels):
+                raise ValueError(f"{len(self.prompt_starts)} prompt starts for {len(self.levels)} levels")
+            if any(s < self.num_warmup for s in self.prompt_starts):
+                raise ValueError("a level's prompts may not start inside the warm-up's "
+                                 f"(indices < {self.num_warmup})")
+
+    def level_prompts(self, j: int) -> int:
+        """Requests of level j."""
+        return self.num_prompts[j] if isinstance(self.num_prompts, tuple) else self.num_prompts
+
+    def level_start(self, j: int) -> int:
+        """Dataset index of level j's first request."""
+        if self.prompt_starts is not None:
+            return self.prompt_starts[j]
+        return self.num_warmup + sum(self.level_prompts(i) for i in range(j))
 
 
 def find_simulated_acceptance(info: Any) -> float | None:
@@ -200,12 +225,13 @@ async def run_sweep(target: ApiTarget, dataset: Dataset, cfg: SweepConfig,
                                  f"first error: {res[0].error}")
         metrics_url = base + "/metrics"
         for j, level in enumerate(cfg.levels):
-            samples = dataset.sample(cfg.num_prompts, cfg.num_warmup + j * cfg.num_prompts)
+            samples = dataset.sample(cfg.level_prompts(j), cfg.level_start(j))
             before = spec_counters(await get_text(client, metrics_url)) if cfg.scrape_metrics else None
             results, duration = await run_level(client, target, samples, level,
                                                 seed=cfg.seed, progress=cfg.progress)
             after = spec_counters(await get_text(client, metrics_url)) if cfg.scrape_metrics else None
-            entry = {**level.to_json(), **level_metrics(results, duration), **spec_delta(before, after)}
+            entry = {**level.to_json(), "first_prompt": cfg.level_start(j),
+                     **level_metrics(results, duration), **spec_delta(before, after)}
             out["levels"].append(entry)
             if on_level is not None:
                 on_level(entry)
