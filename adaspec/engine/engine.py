@@ -43,6 +43,37 @@ def load_tokenizer(path: str | None):
     return AutoTokenizer.from_pretrained(path)
 
 
+def tokenize(tokenizer, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("text prompt given but the model directory has no tokenizer; pass token ids")
+        return tokenizer.encode(prompt)
+    if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        raise ValueError("prompt must be a string or a list of integer token ids")
+    return list(prompt)
+
+
+def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vocab_size: int,
+                  max_model_len: int) -> list[int]:
+    """A request's prompt token ids, or a ValueError saying what is wrong with the request.
+    (Pure: the server's engine process front runs the same checks before sending it on.)"""
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+    params.validate()
+    ids = tokenize(tokenizer, prompt)
+    if not ids:
+        raise ValueError("prompt is empty")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} out of range [0, {vocab_size})")
+    if len(ids) + params.max_tokens > max_model_len:
+        raise ValueError(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
+                         f"model's context of {max_model_len} tokens")
+    if params.stop and tokenizer is None:
+        raise ValueError("stop strings need a tokenizer; use stop_token_ids")
+    return ids
+
+
 class Engine:
     def __init__(self, cfg: EngineConfig):
         self.config = cfg
@@ -111,30 +142,11 @@ class Engine:
 
     # ---- requests -------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("text prompt given but the model directory has no tokenizer; pass token ids")
-            return self.tokenizer.encode(prompt)
-        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise ValueError("prompt must be a string or a list of integer token ids")
-        return list(prompt)
+        return tokenize(self.tokenizer, prompt)
 
     def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> str:
         """Validate and queue a request. Raises ValueError saying what is wrong."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        params.validate()
-        ids = self.tokenize(prompt)
-        if not ids:
-            raise ValueError("prompt is empty")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} out of range [0, {self.vocab_size})")
-        if len(ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
-                             f"model's context of {self.max_model_len} tokens")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; use stop_token_ids")
+        ids = check_request(prompt, params, self.tokenizer, self.vocab_size, self.max_model_len)
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")

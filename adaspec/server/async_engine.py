@@ -116,6 +116,8 @@ class AsyncEngine:
     @property
     def draft_format(self) -> str | None:
         """The upstream layout the EAGLE-3 head was read as (None without a head)."""
+        if hasattr(self.engine, "draft_format"):   # an engine in another process says it
+            return self.engine.draft_format
         draft = getattr(getattr(self.engine, "runner", None), "draft", None)
         return draft.fmt.layout if draft is not None else None
 
@@ -260,7 +262,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         try:
-            while True:
+            while getattr(self.engine, "alive", True):   # (an engine process can die)
                 # A stalled engine (it planned nothing last step) waits for a command, such as
                 # an abort that may unblock it, instead of spinning a core.
                 busy = self.engine.has_unfinished() and not getattr(self.engine, "num_stalled_steps", 0)
@@ -269,6 +271,9 @@ class AsyncEngine:
                 if not self.engine.has_unfinished():
                     continue
                 self._step()
+            else:
+                logger.error("the engine process died; failing what was in flight")
+                self._fail_all(EngineError("the engine process died"))
         except BaseException:
             logger.exception("engine thread crashed")
             self._fail_all(EngineError("the engine thread crashed"))
@@ -277,6 +282,9 @@ class AsyncEngine:
             with self._lock:
                 self._stopped.set()
                 self._reject_pending_adds()
+            close = getattr(self.engine, "close", None)
+            if close is not None:
+                close()
 
     def _reject_pending_adds(self) -> None:
         """Commands that arrived after the loop ended would otherwise leave callers waiting."""
@@ -308,7 +316,7 @@ class AsyncEngine:
                     self._abort(rid)
                 self._stats = self._safe_stats()
                 return False
-        if applied:
+        if applied or block:   # (idle: keeps the snapshot fresh, e.g. KV freed after an abort)
             self._stats = self._safe_stats()
         return True
 

@@ -27,12 +27,17 @@ def _setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-def _load_engine(args: argparse.Namespace):
+def _load_engine(args: argparse.Namespace, process: bool = False):
+    """The engine for `args`; with `process`, in its own process (see server/engine_proc.py)."""
     from adaspec.demo import apply_demo_defaults
     from adaspec.engine.engine import Engine
 
     apply_demo_defaults(args)  # no --model: the bundled demo pair, speculation auto
-    return Engine(EngineConfig.create(args.model, **engine_kwargs_from_cli(args)))
+    cfg = EngineConfig.create(args.model, **engine_kwargs_from_cli(args))
+    if process:
+        from adaspec.server.engine_proc import EngineProcess
+        return EngineProcess(cfg)
+    return Engine(cfg)
 
 
 # ----- serve ------------------------------------------------------------------------------------------
@@ -58,6 +63,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
                         "/health answers 503")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    p.add_argument("--engine-in-thread", action="store_true",
+                   help="run the engine in a thread of the server process instead of its own process "
+                        "(simpler to debug; the HTTP work then competes with the engine for one GIL)")
     return p
 
 
@@ -70,7 +78,7 @@ def serve_main(argv: list[str]) -> int:
             logger.error("%s must be > 0, got %s", name, value)
             return 2
     try:
-        engine = _load_engine(args)
+        engine = _load_engine(args, process=not args.engine_in_thread)
     except (ValueError, TypeError, OSError) as e:
         logger.error("cannot start the engine: %s", e)
         return 2

@@ -66,7 +66,9 @@ def choose_num_splits(num_programs: int, max_ctx_len: int, device: torch.device)
     return max(1, min(want, max_ctx_len // 256, 32))
 
 
-@triton.jit
+# Per-step sizes are not specialized on: Triton would compile a variant per value class
+# (== 1, divisible by 16) at first use, a stall of a second in the middle of serving.
+@triton.jit(do_not_specialize=["num_rows", "num_splits"])
 def _paged_attn_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
     positions_ptr, cache_index_ptr, query_start_ptr, ctx_len_ptr, kv_start_ptr, req_row_ptr,
@@ -165,7 +167,7 @@ def _paged_attn_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows", "num_splits"])
 def _split_reduce_kernel(
     out_ptr, ws_acc_ptr, ws_ml_ptr, query_start_ptr, prog_req_ptr, prog_q0_ptr,
     stride_ot, stride_oh, num_rows, num_q_heads, num_splits,

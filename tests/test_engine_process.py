@@ -1,0 +1,71 @@
+"""The server's engine process (adaspec/server/engine_proc.py): same outputs as the engine in
+process, bad requests refused on the server side, aborts, start-up errors, and a dead engine
+process reported instead of hanging."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from adaspec import LLM, SamplingParams
+from adaspec.config import EngineConfig
+from adaspec.server.engine_proc import EngineProcess, EngineProcessDied
+from test_engine_core import prompts_of_lengths
+
+
+def _drain(ep: EngineProcess, limit_s: float = 120.0) -> dict:
+    finals, streamed = {}, {}
+    t0 = time.monotonic()
+    while ep.has_unfinished():
+        assert time.monotonic() - t0 < limit_s, "engine process made no progress"
+        for out in ep.step():
+            streamed.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished:
+                finals[out.request_id] = out
+    return finals, streamed
+
+
+def test_engine_process_matches_llm_and_aborts(llama_dir):
+    prompts = prompts_of_lengths([5, 17, 3], seed=31)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (9, 4, 13)]
+    ref = [o.token_ids for o in LLM(llama_dir, device="cpu", dtype="float32").generate(prompts, params)]
+    ep = EngineProcess(EngineConfig.create(llama_dir, device="cpu", dtype="float32"))
+    try:
+        assert ep.max_model_len > 0 and ep.stats()["num_total_blocks"] > 0
+        with pytest.raises(ValueError, match="out of range"):
+            ep.add_request("bad", [10**9], params[0])       # refused here, before the engine sees it
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            ep.add_request(str(i), p, sp)
+        with pytest.raises(ValueError, match="already in use"):
+            ep.add_request("0", prompts[0], params[0])
+        finals, streamed = _drain(ep)
+        assert [finals[str(i)].token_ids for i in range(3)] == ref
+        assert all(streamed[str(i)] == ref[i] for i in range(3))
+        assert finals["0"].prompt_token_ids == prompts[0] and finals["0"].finish_reason == "length"
+        # An aborted request produces nothing more and its KV comes back.
+        ep.add_request("long", prompts[0], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))
+        ep.step(timeout=1.0)
+        ep.abort_request("long")
+        assert not ep.has_unfinished()
+        t0 = time.monotonic()
+        while ep.stats()["num_free_blocks"] != ep.stats()["num_total_blocks"]:
+            assert time.monotonic() - t0 < 30, "KV of the aborted request was not released"
+            time.sleep(0.05)
+    finally:
+        ep.close()
+    assert not ep._proc.is_alive()
+
+
+def test_engine_process_startup_error_and_death(llama_dir):
+    with pytest.raises(ValueError, match="max_model_len"):
+        EngineProcess(EngineConfig.create(llama_dir, device="cpu", dtype="float32", max_model_len=10**7))
+    ep = EngineProcess(EngineConfig.create(llama_dir, device="cpu", dtype="float32"))
+    ep.add_request("a", [5, 6, 7], SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
+    os.kill(ep._proc.pid, signal.SIGKILL)
+    with pytest.raises(EngineProcessDied):
+        for _ in range(200):
+            ep.step(timeout=0.05)
+    assert not ep.alive
+    ep.close()
