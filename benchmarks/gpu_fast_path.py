@@ -150,6 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="gpu_fast_path.json")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: steps,generate,throughput")
     ap.add_argument("--profile", action="store_true", help="kernel profile of the steps at b = 1 and 64")
+    ap.add_argument("--configs", default="off,chain3,tree16", help="comma list of configurations to run")
     ap.add_argument("--no-overlap", dest="overlap", action="store_false",
                     help="run the engine without overlap (for comparison)")
     a = ap.parse_args(argv)
@@ -163,7 +164,8 @@ def main(argv=None) -> int:
         v = phys.get(f"{b}x{q}")
         return v if isinstance(v, (int, float)) else None
 
-    for config, batches in (("off", (1, 16, 64, 256)), ("chain3", (1, 16, 64)), ("tree16", (1, 16, 64))):
+    plan = (("off", (1, 16, 64, 256)), ("chain3", (1, 16, 64)), ("tree16", (1, 16, 64)))
+    for config, batches in [c for c in plan if c[0] in a.configs.split(",")]:
         llm, startup = make_llm(target, draft, config, max_num_seqs=max(batches), overlap=a.overlap)
         g = llm.engine.runner.graphs
         res["startup"][config] = {"seconds": startup, "graphs": len(g.graphs) if g else 0,

@@ -13,10 +13,23 @@ from adaspec.testing import make_eagle3_head, make_tiny_model
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-def test_cuda_greedy_lossless_chain_and_tree(tmp_path):
-    d = make_tiny_model(tmp_path / "m", "llama", hidden_size=128, num_heads=8, num_kv_heads=2,
-                        intermediate_size=256)
-    h = make_eagle3_head(tmp_path / "h", d, draft_vocab_size=200)
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Every tiny model and head these tests use, written before any engine runs. (On the
+    H200 image, building a transformers model with random init after a CUDA-graph engine had
+    run in the same process failed inside torch's CUDA RNG ("Offset increment outside graph
+    capture"); engine outputs were unaffected. Writing the models first keeps the tests
+    about the engine.)"""
+    root = tmp_path_factory.mktemp("gpu_models")
+    out = {}
+    for arch in ("llama", "qwen3", "mistral"):
+        d = make_tiny_model(root / arch, arch, hidden_size=128, num_heads=8, num_kv_heads=2, intermediate_size=256)
+        out[arch] = (d, make_eagle3_head(root / f"{arch}-head", d, draft_vocab_size=200))
+    return out
+
+
+def test_cuda_greedy_lossless_chain_and_tree(models):
+    d, h = models["llama"]
     prompts = [[(7 * i + j) % 300 + 3 for j in range(5 + 3 * i)] for i in range(6)]
     sp = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     ref = LLM(str(d), device="cuda", dtype="float32", max_num_seqs=16).generate(prompts, sp)
@@ -30,11 +43,10 @@ def test_cuda_greedy_lossless_chain_and_tree(tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
-def test_cuda_graphs_and_triton_match_torch_reference(tmp_path, arch):
+def test_cuda_graphs_and_triton_match_torch_reference(models, arch):
     """Triton attention with CUDA graphs (padded buckets), Triton eager and the torch reference
     backend give the same greedy tokens, with and without speculation (fp32)."""
-    d = make_tiny_model(tmp_path / "m", arch, hidden_size=128, num_heads=8, num_kv_heads=2, intermediate_size=256)
-    h = make_eagle3_head(tmp_path / "h", d, draft_vocab_size=200)
+    d, h = models[arch]
     prompts = [[(11 * i + 5 * j) % 300 + 3 for j in range(3 + 7 * i)] for i in range(5)]
     sp = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     base = dict(device="cuda", dtype="float32", block_size=16, max_num_seqs=16)   # fewer graphs to capture
@@ -50,12 +62,11 @@ def test_cuda_graphs_and_triton_match_torch_reference(tmp_path, arch):
     assert graphs is not None and len(graphs.graphs) > 0
 
 
-def test_cuda_matches_transformers(tmp_path):
+def test_cuda_matches_transformers(models):
     """Greedy tokens with graphs on equal transformers' own generate on the same GPU (fp32)."""
     from transformers import AutoModelForCausalLM
 
-    d = make_tiny_model(tmp_path / "m", "llama", hidden_size=128, num_heads=8, num_kv_heads=2,
-                        intermediate_size=256)
+    d = models["llama"][0]
     prompts = [[(5 * i + 3 * j) % 300 + 3 for j in range(4 + 9 * i)] for i in range(4)]
     hf = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).cuda().eval()
     ref = [hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=24, do_sample=False, eos_token_id=None,
@@ -94,13 +105,11 @@ def test_cuda_8b_shape_dummy_weights(tmp_path):
         torch.cuda.empty_cache()
 
 
-def test_cuda_overlap_changes_nothing(tmp_path):
+def test_cuda_overlap_changes_nothing(models):
     """With CUDA graphs on, overlap (step N+1 launched before step N is read back) gives the
     same tokens as one step at a time: greedy under every policy, seeded sampling, requests
     that finish mid-flight, a small KV pool (preemption)."""
-    d = make_tiny_model(tmp_path / "m", "llama", hidden_size=128, num_heads=8, num_kv_heads=2,
-                        intermediate_size=256)
-    h = make_eagle3_head(tmp_path / "h", d, draft_vocab_size=200)
+    d, h = models["llama"]
     prompts = [[(3 * i + 7 * j) % 300 + 3 for j in range(6 + 5 * i)] for i in range(8)]
     greedy = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (1, 5, 33, 2, 17, 40, 9, 24)]
     base = dict(device="cuda", dtype="float32", block_size=16, num_kv_blocks=24, max_num_seqs=16)
