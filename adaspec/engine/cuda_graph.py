@@ -29,12 +29,16 @@ def batch_buckets(max_bs: int) -> list[int]:
 
 
 class _Graph:
-    def __init__(self, batch: int, q: int, graph, logits, aux):
-        self.batch, self.q, self.graph, self.logits, self.aux = batch, q, graph, logits, aux
+    """A captured target forward up to the final hidden states. The LM head runs outside,
+    on the rows that sample only: vocabulary-wide logits as a graph output would be a
+    static [b*q, vocab] tensor per graph (hundreds of MB each at an 8B shape's buckets)."""
+
+    def __init__(self, batch: int, q: int, graph, hidden, aux):
+        self.batch, self.q, self.graph, self.hidden, self.aux = batch, q, graph, hidden, aux
 
     def replay(self):
         self.graph.replay()
-        return self.logits, self.aux
+        return self.hidden, self.aux
 
 
 class _DraftGraph:
@@ -164,8 +168,7 @@ class CudaGraphs:
 
         def run():
             with forward_context(ForwardContext(meta, r.backend, r.kv_caches)):
-                hidden, aux = r.model(ids, pos)
-            return r.model.lm_head(hidden), aux
+                return r.model(ids, pos)
 
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -174,5 +177,5 @@ class CudaGraphs:
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self.pool):
-            logits, aux = run()
-        return _Graph(b, q, g, logits, aux)
+            hidden, aux = run()
+        return _Graph(b, q, g, hidden, aux)

@@ -452,15 +452,11 @@ class ModelRunner:
 
         # ---- 3. target forward ----
         if graph is not None:
-            logits, aux = graph.replay()
+            hidden, aux = graph.replay()
         else:
             with forward_context(ForwardContext(meta, self.backend, self.kv_caches)):
                 hidden, aux = self.model(ids_d, pos_d)
-            logits = None
-            sel = vrows_d.t.reshape(-1)
-            vlogits = self.model.lm_head(hidden[sel]) if len(V) else None
-        if graph is not None:
-            vlogits = logits[vrows_d.t.reshape(-1)] if len(V) else None
+        vlogits = self.model.lm_head(hidden[vrows_d.t.reshape(-1)]) if len(V) else None
 
         # ---- 4. verify ----
         if len(V):

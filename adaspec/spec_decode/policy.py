@@ -217,9 +217,13 @@ class AutoPolicy(SpeculationPolicy):
                 self.rates[i] = (1 - w) * old + w * r
 
     def describe(self) -> dict:
+        cost: dict[str, dict[int, float]] = {}
+        for (d, k), t in sorted(self.times.items()):
+            cost.setdefault(str(d), {})[self.BUCKETS[k]] = round(t * 1e3, 3)
         return {**super().describe(), "depth": self.depth,
                 "tau": [round(self.tau(d), 3) for d in range(self.max_depth + 1)],
-                "goodput": {d: round(v, 2) for d, v in self.last_goodputs.items()}}
+                "goodput": {d: round(v, 2) for d, v in self.last_goodputs.items()},
+                "step_ms": cost}   # the cost table: depth -> {batch bucket: ms}
 
     # ---- start-up profile -----------------------------------------------------------------
     def warm_up(self, profile) -> None:
