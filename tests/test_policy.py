@@ -276,3 +276,34 @@ def test_auto_first_rejection_does_not_zero_the_estimate():
                              accepted_per_position=(0,), drafted_per_position=(1,)))
     assert 0.4 < pol.rates[0] < pol.prior_rate
     assert depth_of(pol.decide(1)) > 0
+
+
+def test_auto_probe_timings_do_not_overwrite_the_cost_table():
+    """A probe is one step of a deeper draft between steps of the chosen depth. On the H200 such
+    a step was timed at 3x the steady cost of that depth, and three probes priced depth 3 out
+    at batch 1 for good. A probe's acceptance counts; its time only fills an empty entry."""
+    pol = AutoPolicy(SpecConfig(draft="x", policy="auto", num_steps=4, topk=1, auto_profile=True))
+    steady = {0: 0.00483, 1: 0.0055, 2: 0.00606, 3: 0.00624}      # seconds at b=1; depth 4 unknown
+    pol.warm_up(lambda shapes: {(1, d): t for d, t in steady.items()})
+    pol.rates[:2] = [0.8, 0.64]
+    pol.depth = 2
+    pol.steps_since_spec = pol.probe_every
+    assert pol.decide(1).num_nodes == 4 and pol.depth == 3   # 3 is chosen, 4 (never timed) probed
+    key4 = (4, pol.bucket(1))
+    pol.observe(StepFeedback(batch_size=1, num_tokens=5, draft_len=4, step_time=0.0210,
+                             accepted_per_position=(1, 1, 1, 1), drafted_per_position=(1, 1, 1, 1)))
+    assert pol.times[key4] == 0.0210             # an empty entry is filled by the probe
+    assert pol.rates[3] is not None
+    pol.times[key4] = 0.0069                     # (say a start-up profile had timed it)
+    pol.steps_since_spec = pol.probe_every
+    assert pol.decide(1).num_nodes == 4          # probed again
+    rate_before = pol.rates[3]
+    pol.observe(StepFeedback(batch_size=1, num_tokens=5, draft_len=4, step_time=0.0210,
+                             accepted_per_position=(1, 1, 1, 1), drafted_per_position=(1, 1, 1, 1)))
+    assert pol.times[key4] == 0.0069             # the probe's time leaves a known entry alone
+    assert pol.rates[3] > rate_before            # its acceptance still counts
+    # A step of the chosen depth updates its entry as before.
+    key3 = (3, pol.bucket(1))
+    pol.observe(StepFeedback(batch_size=1, num_tokens=4, draft_len=3, step_time=0.0080,
+                             accepted_per_position=(1, 1, 0), drafted_per_position=(1, 1, 1)))
+    assert steady[3] < pol.times[key3] < 0.0080

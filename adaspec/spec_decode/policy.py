@@ -121,6 +121,7 @@ class AutoPolicy(SpeculationPolicy):
         self.depth = 0
         self.steps_since_spec = 0
         self.last_goodputs: dict[int, float] = {}
+        self.probes: dict[int, int] = {}   # depth -> probe steps decided, not yet observed
 
     # ---- estimates ------------------------------------------------------------------------
     def bucket(self, b: int) -> int:
@@ -183,6 +184,7 @@ class AutoPolicy(SpeculationPolicy):
         if (self.steps_since_spec >= self.probe_every and self.depth < self.max_depth
                 and self._could_win(batch_size, self.depth)):
             self.steps_since_spec = 0
+            self.probes[self.depth + 1] = 1
             return self.shapes[self.depth + 1]
         return self.shapes[self.depth]
 
@@ -200,9 +202,15 @@ class AutoPolicy(SpeculationPolicy):
 
     def observe(self, fb: StepFeedback) -> None:
         depth = len(fb.drafted_per_position)
-        if fb.num_prefill_tokens == 0 and fb.batch_size > 0:
-            key = (depth, self.bucket(fb.batch_size))
-            # Normalise to the bucket's batch size, assuming time linear in b nearby.
+        probe = self.probes.get(depth, 0) > 0
+        if probe:
+            self.probes[depth] -= 1
+        key = (depth, self.bucket(fb.batch_size))
+        # A probe is one step of another depth between steps of the chosen one; its acceptance
+        # counts, but its time is not the steady cost of that depth (measured on the H200: a
+        # depth-3 probe between depth-2 steps took 22 ms where depth-3 steps take 7), so it
+        # only fills a cost-table entry that is still empty.
+        if fb.num_prefill_tokens == 0 and fb.batch_size > 0 and not (probe and key in self.times):
             t = fb.step_time
             old = self.times.get(key)
             self.times[key] = t if old is None else (1 - self.ema) * old + self.ema * t
@@ -213,7 +221,7 @@ class AutoPolicy(SpeculationPolicy):
                 # A depth's first evidence updates the prior (extrapolated) estimate instead of
                 # replacing it: one rejected probe must not read as "this depth never accepts".
                 old = self.rates[i] if self.rates[i] is not None else prior[i]
-                w = 1 - (1 - self.ema) ** n   # n verify steps' worth of evidence
+                w = 1 - (1 - self.ema) ** n   # n drafted tokens' worth of evidence
                 self.rates[i] = (1 - w) * old + w * r
 
     def describe(self) -> dict:
