@@ -2,7 +2,6 @@
 policy's choices, and per-request opt-out."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from adaspec import LLM, SamplingParams

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import h11
 import httpx
@@ -16,7 +15,7 @@ import pytest
 
 from adaspec.server.api import _sse
 from adaspec.testing import make_tiny_model
-from test_server import MODEL_NAME, ServerProcess, metrics, wait_for
+from test_server import ServerProcess, metrics, wait_for
 
 KEY = "sk-adaspec-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -150,7 +149,7 @@ def test_oversized_bodies_are_413(hserver):
         for _ in range(LIMIT // len(piece) + 1):
             s.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
         s.sendall(b"0\r\n\r\n")
-        s.sendall(f"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
         reply = read_until_closed(s)
     assert reply.startswith(b"HTTP/1.1 413") and b"HTTP/1.1 200" in reply
     # Far beyond the limit: the server reads (and drops) at most another LIMIT bytes, then

@@ -8,14 +8,13 @@ init_std=0.2 target is chaotic: even long training gets a head to only ~7% accur
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.spec_decode.train import main, replay_chain_acceptance, train_eagle3_head
-from adaspec.testing import make_eagle3_head, make_tiny_model
+from adaspec.testing import make_eagle3_head
 
 NUM_STEPS = 3
 MAX_TOKENS = 48
