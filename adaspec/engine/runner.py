@@ -204,7 +204,7 @@ class ModelRunner:
         """Queue one step on the device; nothing waits for it. The step's time is measured
         with CUDA events: one enqueued at the start fires when the stream reaches it, so the
         span counts host preparation only while the device waits for it (right under overlap)."""
-        timer = self._timer_start()
+        timer = self._timer_mark()
         lay, V, N, out = self._execute(plan)
         self.prev_speculative = plan.speculative
         done = None
@@ -242,18 +242,12 @@ class ModelRunner:
                                     path=row[2 + D: 2 + D + cnt - 1])
         return results
 
-    def _timer_start(self):
+    def _timer_mark(self):
+        """A point in the stream (a recorded CUDA event), or the wall clock on CPU."""
         if self.device.type == "cuda":
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
-        return time.perf_counter()
-
-    def _timer_mark(self):
-        if self.device.type == "cuda":
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            return end
         return time.perf_counter()
 
     def _execute(self, plan: StepPlan):
