@@ -79,7 +79,7 @@ def serve_main(argv: list[str]) -> int:
             return 2
     try:
         engine = _load_engine(args, process=not args.engine_in_thread)
-    except (ValueError, TypeError, OSError) as e:
+    except (ValueError, TypeError, OSError, RuntimeError) as e:   # RuntimeError: the engine process died
         logger.error("cannot start the engine: %s", e)
         return 2
 
