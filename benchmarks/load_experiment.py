@@ -50,6 +50,7 @@ if str(REPO) not in sys.path:
 # Servers and the offline reference run as `python -m adaspec...` subprocesses.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
+from adaspec.bench.cli import _int_list  # noqa: E402
 from adaspec.bench import experiment as X  # noqa: E402
 from adaspec.bench.configs import parse_configs  # noqa: E402
 from adaspec.bench.report import plot_runs, write_json  # noqa: E402
@@ -59,15 +60,6 @@ DEFAULT_OUT = REPO / "benchmarks" / "results" / "h200" / "load_experiment"
 SCRIPT = "python3 benchmarks/load_experiment.py"
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return vals
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=SCRIPT, description=__doc__,
@@ -76,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--part", default=None,
                    help="name of this part (DIR/part-NAME); default 'all', or the selected labels")
     p.add_argument("--only", default=None, help="comma-separated configuration labels to run")
-    p.add_argument("--levels", type=_ints, default=list(X.LEVELS),
+    p.add_argument("--levels", type=_int_list, default=list(X.LEVELS),
                    help="closed-loop concurrency levels (default %(default)s)")
     p.add_argument("--threshold", type=int, default=32,
                    help="N of the threshold configuration thrN (default %(default)s)")

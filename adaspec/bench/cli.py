@@ -35,14 +35,18 @@ PASSTHROUGH_ENGINE_FLAGS = (
 
 # ----------------------------------------------------------------------------- arguments
 
-def _int_list(text: str) -> list[int]:
+def _ints_at_least(text: str, low: int, what: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    if not vals or any(v < low for v in vals):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return vals
+
+
+def _int_list(text: str) -> list[int]:
+    return _ints_at_least(text, 1, "positive integers")
 
 
 def _counts(text: str) -> int | list[int]:
@@ -52,13 +56,7 @@ def _counts(text: str) -> int | list[int]:
 
 
 def _nonneg_int_list(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    if not vals or any(v < 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
-    return vals
+    return _ints_at_least(text, 0, "integers >= 0")
 
 
 def _rate_list(text: str) -> list[float]:
