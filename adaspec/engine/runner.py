@@ -73,8 +73,8 @@ class Launched:
     V: list[int]                      # scheduled indices that sample, in verify order
     N: int
     out: torch.Tensor | None          # host copy of [count | emitted | path] per verify row
-    done: object                      # CUDA event recorded after the copy (None on CPU)
-    timer: object
+    start: object                     # timer marks (CUDA events; wall-clock floats on CPU);
+    end: object                       # `end` is recorded after the output copy
 
 
 @dataclass
@@ -207,23 +207,19 @@ class ModelRunner:
         timer = self._timer_mark()
         lay, V, N, out = self._execute(plan)
         self.prev_speculative = plan.speculative
-        done = None
         if out is not None and self.device.type == "cuda":
             host = self._out_host[self._out_flip][: out.numel()].view(out.shape)
             self._out_flip ^= 1
             host.copy_(out, non_blocking=True)
             out = host
-        end = self._timer_mark()
-        if self.device.type == "cuda":
-            done = end
-        return Launched(plan, lay, V, N, out, done, (timer, end))
+        return Launched(plan, lay, V, N, out, timer, self._timer_mark())
 
     def collect(self, step: Launched) -> list[StepResult]:
         """Wait for a launched step and return its results (one per scheduled request);
         sets `self.last_step_time` (seconds)."""
-        start, end = step.timer
-        if step.done is not None:
-            step.done.synchronize()
+        start, end = step.start, step.end
+        if self.device.type == "cuda":
+            end.synchronize()
             self.last_step_time = start.elapsed_time(end) / 1e3
         else:
             self.last_step_time = end - start
