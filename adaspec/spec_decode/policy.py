@@ -121,7 +121,7 @@ class AutoPolicy(SpeculationPolicy):
         self.depth = 0
         self.steps_since_spec = 0
         self.last_goodputs: dict[int, float] = {}
-        self.probes: dict[int, int] = {}   # depth -> probe steps decided, not yet observed
+        self.probes: set[int] = set()   # depths of probe steps decided, not yet observed
 
     # ---- estimates ------------------------------------------------------------------------
     def bucket(self, b: int) -> int:
@@ -184,7 +184,7 @@ class AutoPolicy(SpeculationPolicy):
         if (self.steps_since_spec >= self.probe_every and self.depth < self.max_depth
                 and self._could_win(batch_size, self.depth)):
             self.steps_since_spec = 0
-            self.probes[self.depth + 1] = 1
+            self.probes.add(self.depth + 1)
             return self.shapes[self.depth + 1]
         return self.shapes[self.depth]
 
@@ -202,9 +202,8 @@ class AutoPolicy(SpeculationPolicy):
 
     def observe(self, fb: StepFeedback) -> None:
         depth = len(fb.drafted_per_position)
-        probe = self.probes.get(depth, 0) > 0
-        if probe:
-            self.probes[depth] -= 1
+        probe = depth in self.probes
+        self.probes.discard(depth)
         key = (depth, self.bucket(fb.batch_size))
         # A probe is one step of another depth between steps of the chosen one; its acceptance
         # counts, but its time is not the steady cost of that depth (measured on the H200: a
