@@ -118,6 +118,7 @@ def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False) -> dict
         if g is not None:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
+            @torch.inference_mode()
             def forward():   # the graph (up to the hidden states) and the LM head on every row
                 runner.model.lm_head(g.replay()[0])
 

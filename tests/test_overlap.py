@@ -52,17 +52,16 @@ def test_greedy_equal_with_and_without_overlap(agree_dir, trained_head, referenc
     assert [len(o.token_ids) for o in outs] == [p.max_tokens for p in _params()]
     st = llm.stats()
     assert st["num_free_blocks"] == st["num_total_blocks"]
-    if not overlap or policy != "tree":   # (tree steps wait for the previous step: host tokens)
-        assert (st["overlapped_steps"] > 0) == overlap
+    assert (st["overlapped_steps"] > 0) == overlap
     assert st["prefix_cache_hit_tokens"] > 0
     if policy == "off":
         assert st["num_preemptions"] > 0
-    if policy == "chain3":
+    if policy in ("chain3", "tree"):
         assert st["accepted_tokens"] > 0
         assert bool(shifted) == overlap   # speculative steps overlap too
 
 
-@pytest.mark.parametrize("policy", ["off", "chain3"])
+@pytest.mark.parametrize("policy", ["off", "chain3", "tree"])
 def test_seeded_sampling_equal_with_and_without_overlap(agree_dir, trained_head, policy):
     prompts = _prompts()
     params = [SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=100 + i, ignore_eos=True)
@@ -120,3 +119,63 @@ def test_incremental_outputs_add_up_under_overlap(tok_model_dir, policy):
         assert ids[rid] == out.token_ids and len(out.token_ids) == 9 + 4 * int(rid)
         assert text[rid] == out.text
     assert eng.stats()["generation_tokens"] == sum(len(o.token_ids) for o in final.values())
+
+
+def test_shift_moves_slots_with_cache_index():
+    """A shifted row's slot is that of its shifted cache index, which for draft rows is not
+    its position (the EAGLE-3 pair at position p lives at cache index p + 1)."""
+    import torch
+
+    from adaspec.engine.input_batch import Shift, Staging, stage_forward
+    from adaspec.layers.attention import get_backend
+
+    bs = 4
+    table = torch.tensor([[3, 7, 5, 2, 9]], dtype=torch.int32)
+
+    def slot(i):
+        return int(table[0, i // bs]) * bs + i % bs
+
+    stg = Staging(1 << 16, torch.device("cpu"))
+    stg.begin()
+    sh = Shift(stg)
+    pos, ci = [5, 9, 9], [6, 12, 13]
+    meta, _, _ = stage_forward(
+        stg, get_backend("torch"), table, bs, 1, q_lens=[3], ctx_len=[14], kv_start=[1], req_row=[0],
+        positions=pos, cache_index=ci, slots=[slot(6), slot(12), -1], max_ctx_len=20,
+        shift=sh, shift_rows=([0, 1, 2], [0, 0, 0]), shift_reqs=([0], [0]))
+    staged = sh.stage(stg)
+    stg.commit()
+    sh.apply(staged, torch.tensor([3]), table, bs)   # the step in flight emitted 3 tokens: +2
+    assert meta.positions.tolist() == [7, 11, 11]
+    assert meta.cache_index.tolist() == [8, 14, 15]
+    assert meta.slot_mapping.tolist() == [slot(8), slot(14), -1]
+    assert meta.ctx_len.tolist() == [16]
+
+
+@pytest.mark.parametrize("policy", ["chain3", "tree"])
+def test_draft_cache_equal_with_and_without_overlap(agree_dir, trained_head, policy):
+    """The draft KV a request leaves behind is the same with and without overlap: draft steps
+    of a request whose previous step was in flight write where they would have written."""
+    import torch
+
+    from adaspec.engine.engine import Engine
+
+    prompt = _prompts()[1]
+    caches = {}
+    for overlap in (False, True):
+        eng = Engine.from_kwargs(agree_dir, device="cpu", dtype="float32", block_size=4, overlap=overlap,
+                                 draft=trained_head, **POLICIES[policy])
+        eng.add_request("r", prompt, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
+        req = eng.requests["r"]
+        blocks = []
+        while eng.has_unfinished():
+            eng.step()
+            if len(req.block_ids) > len(blocks):   # a running request's blocks only grow at the tail
+                blocks = list(req.block_ids)
+        n = len(req.all_token_ids)
+        bs = eng.config.cache.block_size
+        # Committed pairs (hidden_p, token_{p+1}) live at draft slot p + 1, p < n - 1.
+        slots = torch.tensor([blocks[i // bs] * bs + i % bs for i in range(1, n)])
+        caches[overlap] = eng.runner.draft_kv[:, :, slots].clone()
+        assert eng.stats()["accepted_tokens"] > 0
+    torch.testing.assert_close(caches[True], caches[False], rtol=1e-4, atol=1e-5)

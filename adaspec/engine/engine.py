@@ -9,8 +9,7 @@ With overlap (the default) the engine plans and launches step N+1 before it coll
 so the CPU work of one step hides behind the device work of the other. Step N+1 is planned as
 if every request of step N emitted one token; where N speculated, N+1 reserves KV for N's
 whole draft and the runner shifts N+1's positions on the device by what N really emitted. The
-engine waits for step N before launching when N+1 drafts a tree (the tree drafter reads the
-last token on the host), and before planning when the runner cannot shift (`plans_ahead`).
+engine waits for step N before planning only when the runner cannot shift (`plans_ahead`).
 """
 from __future__ import annotations
 
@@ -173,9 +172,8 @@ class Engine:
         if self.inflight is not None and not self.runner.plans_ahead(self.inflight.plan):
             changed += self._collect()
         plan = self.scheduler.schedule()
-        if self.inflight is not None and (plan.empty or self.runner.needs_host_tokens(plan)):
+        if self.inflight is not None and plan.empty:
             changed += self._collect()
-            plan.drop_finished()
         failed = [r for r in self.requests.values() if r.is_finished and r.error]
         if plan.empty:
             if changed or failed or not self.scheduler.has_unfinished():

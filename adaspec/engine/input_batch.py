@@ -182,7 +182,9 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
         ri, rr = shift_rows
         shift.add(pos, ri, rr)
         shift.add(ci, ri, rr)
-        shift.add_slots(slot, ri, pos, ri, 0, rr)
+        # A row's slot is that of its cache index, `cache_index - position` past its position.
+        off = np.asarray(cache_index, dtype=np.int64)[ri] - np.asarray(positions, dtype=np.int64)[ri]
+        shift.add_slots(slot, ri, pos, ri, off, rr)
         qi, qr = np.asarray(shift_reqs[0], dtype=np.int64), shift_reqs[1]
         shift.add(per_req, qi, qr)                    # ctx_len
         shift.add(per_req, 3 * len(ctx) + qi, qr)     # mask_start
@@ -223,13 +225,14 @@ class Shift:
             pair = np.stack([self._elements(ref, idx), np.asarray(rows, dtype=np.int64)])
             (self.i64 if ref.dtype == torch.int64 else self.i32).append(pair)
 
-    def add_slots(self, slot_ref: "_Ref", idx, pos_ref: "_Ref", pos_idx, offset: int, rows) -> None:
-        """Recompute slots `idx` of `slot_ref` as the slot of position pos_ref[pos_idx] + offset
-        (after the shift), where they are not -1."""
+    def add_slots(self, slot_ref: "_Ref", idx, pos_ref: "_Ref", pos_idx, offset, rows) -> None:
+        """Recompute slots `idx` of `slot_ref` as the slot of cache index pos_ref[pos_idx] +
+        offset (after the shift; `offset` an int or one per slot), where they are not -1."""
         if len(idx):
             n = len(idx)
             self.slots.append(np.stack([self._elements(slot_ref, idx), self._elements(pos_ref, pos_idx),
-                                        np.full(n, offset, np.int64), np.asarray(rows, dtype=np.int64)]))
+                                        np.broadcast_to(np.asarray(offset, np.int64), (n,)),
+                                        np.asarray(rows, dtype=np.int64)]))
 
     def __bool__(self) -> bool:
         return bool(self.i64 or self.i32 or self.slots)

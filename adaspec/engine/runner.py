@@ -4,7 +4,8 @@ allocates KV; it reads the block tables the scheduler prepared.
 One step (see `execute`):
   1. stage   every input of the step (target forward first, then draft steps, the draft
              refresh and block-table updates) into one pinned buffer; ONE host->device copy
-  2. draft   chains on the device (no sync); trees by the tree drafter
+  2. draft   on the device, no sync: chains (`draft_chain`, graph-captured), trees
+             (`spec_decode.drafter`, whose output fills the target's ids, positions and mask)
   3. target  one forward over prefill chunks, decodes and drafts (a CUDA graph when the batch
              is uniform: every request has the same number of query rows)
   4. verify  batched on the device (greedy, rejection sampling, simulated acceptance)
@@ -37,8 +38,6 @@ from adaspec.models.loader import load_model
 from adaspec.sampling import process_logits
 from adaspec.spec_decode import verifier
 from adaspec.spec_decode.drafter import TreeDrafter
-from adaspec.spec_decode.tree import DraftTree
-from adaspec.spec_decode.verify import verify_sampled
 
 CPU_DEFAULT_KV_BYTES = 128 * 2**20
 
@@ -72,7 +71,7 @@ class Launched:
     lay: list
     V: list[int]                      # scheduled indices that sample, in verify order
     N: int
-    out: torch.Tensor | None          # host copy of [count | emitted | path] per verify row
+    out: torch.Tensor | None          # host copy of [count | emitted | path | depth] per verify row
     start: object                     # timer marks (CUDA events; wall-clock floats on CPU);
     end: object                       # `end` is recorded after the output copy
 
@@ -145,15 +144,17 @@ class ModelRunner:
         max_rows = sc.max_num_batched_tokens + sc.max_num_seqs * (n + 1)
         nbytes = 256 * max_rows * (self.max_draft + 3) + 16 * sc.max_num_seqs * n * n + (1 << 20)
         self.stg = Staging(nbytes, self.device)
-        self.draft_stg = Staging(64 * sc.max_num_seqs * (self.max_draft + 1) * 8 + (1 << 16), self.device)
+        k = max(1, spc.topk) if self.draft is not None else 1
+        self.draft_stg = Staging(64 * sc.max_num_seqs * (self.max_draft + 1) * 8 * k
+                                 + sc.max_num_seqs * k * k * self.max_draft ** 2 + (1 << 16), self.device)
         # Pinned landing buffers for the step outputs, alternating so that step N+1's copy
         # never overwrites step N's before `collect` read it.
-        width = 1 + 2 * max(self.max_draft + 1, n)   # count | emitted [N] | path [N]
+        width = 2 + 2 * max(self.max_draft + 1, n)   # count | emitted [N] | path [N] | depth
         pin = self.device.type == "cuda"
         self._out_host = [torch.empty(sc.max_num_seqs * width, dtype=torch.int64, pin_memory=pin)
                           for _ in range(2)]
         self._out_flip = 0
-        self.tree_drafter = (TreeDrafter(self.draft, self.backend, self.block_size, self.device, self.draft_group)
+        self.tree_drafter = (TreeDrafter(self.draft, self.backend, self.block_size, self.draft_group)
                              if self.draft is not None else None)
         if self.device.type == "cuda" and self.backend.graphable and not self.cfg.enforce_eager:
             from adaspec.engine.cuda_graph import CudaGraphs
@@ -194,11 +195,6 @@ class ModelRunner:
         are waited for."""
         return not (plan.speculative and self.draft is not None and self.draft.num_layers > 1)
 
-    def needs_host_tokens(self, plan: StepPlan) -> bool:
-        """True when launching `plan` reads the requests' last tokens on the host (the tree
-        drafter does), so a step still in flight must be collected first."""
-        return any(s.draft is not None and s.draft.topk > 1 for s in plan.scheduled)
-
     @torch.inference_mode()
     def launch(self, plan: StepPlan) -> Launched:
         """Queue one step on the device; nothing waits for it. The step's time is measured
@@ -234,7 +230,7 @@ class ModelRunner:
             cnt = row[0]
             L = lay[i]
             results[i] = StepResult(emitted=row[1:1 + cnt], num_accepted=cnt - 1,
-                                    tree_depth=L.depth if L.pad else 0, tree_nodes=L.nodes if L.pad else 0,
+                                    tree_depth=row[-1] if L.pad else 0, tree_nodes=L.nodes if L.pad else 0,
                                     path=row[2 + D: 2 + D + cnt - 1])
         return results
 
@@ -261,11 +257,7 @@ class ModelRunner:
             N = 1 + max(sched[i].draft.num_steps for i in spec)
         else:
             N = max(sched[i].draft.num_draft_tokens for i in spec)
-        trees: dict[int, DraftTree] = {}
-        if spec and not chain:  # tree drafting needs its own host round trips
-            hidden = self.rows.draft_hidden[torch.tensor([rows[i] for i in spec], device=self.device)]
-            trees = dict(zip(spec, self.tree_drafter.propose([(reqs[i], sched[i].draft) for i in spec], hidden,
-                                                               self.draft_cache, self.rows)))
+        tree_mode = bool(spec) and not chain
 
         # Requests whose previous step is in flight and may have emitted more than one token:
         # their positions are corrected on the device (input_batch.Shift).
@@ -279,9 +271,9 @@ class ModelRunner:
         for i, s in enumerate(sched):
             decoding = s.samples and s.num_new_tokens == 1
             pad = N - 1 if (decoding and spec) else 0
-            d = s.draft
-            depth = (trees[i].depth if i in trees else d.num_steps) if d is not None else 0
-            nodes = (trees[i].size - 1 if i in trees else d.num_steps) if d is not None else 0
+            d = s.draft   # a tree's depth is known on the device only: its budget bounds it
+            depth = d.num_steps if d is not None else 0
+            nodes = d.num_nodes if d is not None else 0
             lay.append(_Req(t, s.num_new_tokens, pad, depth, nodes, nv if s.samples else -1))
             nv += s.samples
             t += s.num_new_tokens + pad
@@ -291,8 +283,8 @@ class ModelRunner:
         fill_at, fill_from = [], []   # rows whose token is still on the device (overlap)
         q_lens, ctx, mstart, moff = [], [], [], []
         mask_parts = []
+        moffs = []          # mask offset of each speculating request (trees)
         moffset = 0
-        tree_mode = bool(trees)
         bs = self.block_size
         for i, (s, L) in enumerate(zip(sched, lay)):
             r, c, nn = s.req, s.req.num_computed, L.n_new
@@ -322,27 +314,21 @@ class ModelRunner:
                 continue
             n = r.num_tokens  # root = token n-1 at cache index n-1; draft node j at n-1+j
             cidx.extend(range(n, n - 1 + N))
-            if i in trees:
-                tr = trees[i]
-                k = tr.size
-                ids.extend(tr.tokens[1:])
-                ids.extend([0] * (N - k))
-                pos.extend(n - 1 + d for d in tr.depths[1:])
-                pos.extend([n - 1] * (N - k))
-                slots.extend(blocks[p // bs] * bs + p % bs for p in range(n, n - 1 + k))
-                slots.extend([-1] * (N - k))
+            ids.extend([0] * (N - 1))     # drafted on the device
+            if tree_mode:   # positions n-1+depth and the mask come from the drafted trees
+                pos.extend([n - 1] * (N - 1))
+                slots.extend(blocks[p // bs] * bs + p % bs for p in range(n, n + L.nodes))
+                slots.extend([-1] * (N - 1 - L.nodes))
             else:
-                ids.extend([0] * (N - 1))     # filled on the device by the chain drafter
                 pos.extend(range(n, n - 1 + N))
                 slots.extend(blocks[p // bs] * bs + p % bs for p in range(n, n + L.depth))
                 slots.extend([-1] * (N - 1 - L.depth))
-            if tree_mode:   # tree region = the N nodes, root included
-                m = np.zeros((N, N), dtype=np.uint8)
-                if i in trees:
-                    m[: trees[i].size, : trees[i].size] = trees[i].ancestor_mask().numpy()
-                else:
-                    m[0, 0] = 1
-                mask_parts.append(m.reshape(-1))
+            if tree_mode:   # tree region = the N nodes, root included; drafted trees fill theirs
+                m = np.zeros(N * N, dtype=np.uint8)
+                m[0] = 1
+                mask_parts.append(m)
+                if s.draft is not None:
+                    moffs.append(moffset)
                 ctx.append(n - 1 + N)
                 mstart.append(n - 1)
                 moff.append(moffset)
@@ -400,16 +386,8 @@ class ModelRunner:
                 continue
             vrows.extend(range(last, last + N))
             vlim.append(L.depth)
-            vtok.append(0)    # the root's token is never compared
-            if i in trees:
-                tr = trees[i]
-                vtok.extend(tr.tokens[1:])
-                vtok.extend([0] * (N - tr.size))
-                vpar.extend(tr.parents)
-                vpar.extend([-1] * (N - tr.size))
-            else:
-                vtok.extend([0] * (N - 1))
-                vpar.extend(chain_par)
+            vtok.extend([0] * N)   # the root's token is never compared; drafts come from the device
+            vpar.extend(chain_par)  # trees: overwritten on the device
         shape = (len(V), N)
         vrows, vtok, vpar = (np.array(x, dtype=np.int64).reshape(shape) for x in (vrows, vtok, vpar))
         vrows_d = stg.add(vrows, torch.int64)
@@ -423,7 +401,8 @@ class ModelRunner:
         fill = stg.add([fill_at, fill_from], torch.int64) if fill_at else None
         vsrc = stg.add([rows[i] for i in V], torch.int64) if V else None
         drafts = self._stage_chain(stg, sched, lay, reqs, rows, N, shift_d) if chain else None
-        refresh = self._stage_refresh(stg, sched, lay, reqs, trees, N, shift) if self.draft is not None else None
+        tdraft = self._stage_trees(stg, sched, lay, reqs, rows, moffs, shift_d) if tree_mode else None
+        refresh = self._stage_refresh(stg, sched, lay, reqs, N, shift) if self.draft is not None else None
         shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh]
         stg.commit()
         self.rows.apply_updates(upd_d.t if upd_d is not None else None)
@@ -432,13 +411,12 @@ class ModelRunner:
         if fill is not None:
             ids_d[fill.t[0]] = self.rows.last_token[fill.t[1]]
 
-        # ---- 2. draft (chains, on the device) ----
+        # ---- 2. draft (on the device) ----
+        vtok_t = vtok_d.t
         if drafts is not None:
-            dtoks = self._run_chain(drafts, ids_d, N)
-            vtok_t = vtok_d.t
-            vtok_t[drafts["vidx"].t, 1:] = dtoks
-        else:
-            vtok_t = vtok_d.t
+            vtok_t[drafts["vidx"].t, 1:] = self._run_chain(drafts, ids_d, N)
+        if tdraft is not None:
+            self._run_trees(tdraft, meta, ids_d, pos_d, vtok_t, vpar_d.t, vlim_d.t)
 
         # ---- 3. target forward ----
         if graph is not None:
@@ -450,22 +428,22 @@ class ModelRunner:
 
         # ---- 4. verify ----
         if len(V):
-            path, emitted, count = self._verify(sched, lay, V, vlogits.view(len(V), N, -1), vtok_t, vpar_d.t,
-                                                vlim_d.t, sim_d, N, trees)
+            path, emitted, count = self._verify(sched, V, vlogits.view(len(V), N, -1), vtok_t, vpar_d.t,
+                                                vlim_d.t, sim_d, N, tree_mode)
             self.rows.last_token[vsrc.t] = emitted.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
             self.rows.last_count[vsrc.t] = count
         # ---- 5. commit: tree KV into place, draft refresh ----
-        if trees and len(V):
-            self._move_tree_kv(sched, lay, V, path, count, N)
+        if tree_mode and len(V):
+            self._move_tree_kv(pos_d[vrows_d.t[:, 0]], vsrc.t, path, count, N)
         if refresh is not None:
             self._run_refresh(refresh, aux, path if len(V) else None, emitted if len(V) else None,
                               count if len(V) else None)
         # ---- 6. the step's output, read back by `collect` ----
-        out = torch.cat([count.unsqueeze(1), emitted, path], dim=1) if len(V) else None
+        out = torch.cat([count.unsqueeze(1), emitted, path, vlim_d.t.unsqueeze(1)], dim=1) if len(V) else None
         return lay, V, N, out
 
     # ---- verification ---------------------------------------------------------------------
-    def _verify(self, sched, lay, V, logits, tokens, parents, limit, sim_d, N, trees):
+    def _verify(self, sched, V, logits, tokens, parents, limit, sim_d, N, tree_mode):
         """Batched verification; returns (path [B, N], emitted [B, N], count [B])."""
         D = N - 1
         params = [sched[i].req.params for i in V]
@@ -481,28 +459,15 @@ class ModelRunner:
             return verifier.verify_greedy(tokens, parents, limit, logits.argmax(-1), D)
         probs = process_logits(logits.reshape(len(V) * N, -1), [p for p in params for _ in range(N)])
         probs = probs.view(len(V), N, -1)
-        if not trees:
-            u = self._uniform(len(V), D, [sched[i].req.generator for i in V])
-            noise = self._exponential(len(V), probs.shape[-1], [sched[i].req.generator for i in V])
+        gens = [sched[i].req.generator for i in V]
+        if not tree_mode:
+            u = self._uniform(len(V), D, gens)
+            noise = self._exponential(len(V), probs.shape[-1], gens)
             return verifier.verify_chain_sampled(tokens, limit, probs, u, noise)
-        # Sampled trees: greedy rows batched, sampled rows one by one (rejection along siblings).
-        path, emitted, count = verifier.verify_greedy(tokens, parents, limit, logits.argmax(-1), D)
-        for k, i in enumerate(V):
-            if params[k].greedy:
-                continue
-            req = sched[i].req
-            if i in trees:
-                pth, bonus = verify_sampled(trees[i], probs[k, : trees[i].size], req.generator, self.generator)
-            else:
-                pth, bonus = [], int(verify_sampled(DraftTree([0], [-1], [0]), probs[k, :1], req.generator,
-                                                    self.generator)[1])
-            full = [0] + pth
-            path[k] = 0
-            path[k, : len(full)] = torch.tensor(full, device=self.device)
-            em = [trees[i].tokens[j] for j in pth] + [bonus] if i in trees else [bonus]
-            emitted[k, : len(em)] = torch.tensor(em, device=self.device)
-            count[k] = len(em)
-        return path, emitted, count
+        W = self.cfg.spec.topk   # the most children a drafted node has
+        u = self._uniform(len(V), D * W, gens).view(len(V), D, W)
+        noise = self._exponential(len(V), probs.shape[-1], gens)
+        return verifier.verify_tree_sampled(tokens, parents, limit, probs, u, noise, D)
 
     def _sample(self, logits: torch.Tensor, params) -> torch.Tensor:
         if all(p.greedy for p in params):
@@ -589,16 +554,48 @@ class ModelRunner:
         ids_d[drafts["draft_rows"].t.reshape(-1)] = dt.reshape(-1)
         return dt
 
+    # ---- tree drafting on the device --------------------------------------------------------
+    def _stage_trees(self, stg, sched, lay, reqs, rows, moffs, shift=None) -> dict:
+        """Stage the tree drafts of every speculating request (see `spec_decode.drafter`) and
+        the indices that route the trees into the target forward and the verifier."""
+        spec = [i for i, s in enumerate(sched) if s.draft is not None and lay[i].pad]
+        N = 1 + lay[spec[0]].pad
+        staged = self.tree_drafter.stage(self.draft_stg, stg, [reqs[i] for i in spec],
+                                         [sched[i].draft for i in spec], [rows[i] for i in spec],
+                                         self.rows.block_table, shift, self.max_draft if shift else 0)
+        root = [lay[i].row0 + lay[i].n_new - 1 for i in spec]
+        return {"staged": staged, "vidx": stg.add([lay[i].vi for i in spec], torch.int64),
+                "rows": stg.add([rows[i] for i in spec], torch.int64),
+                "idx": stg.add(np.stack([root, moffs]), torch.int64),
+                "draft_rows": stg.add([[r + 1 + j for j in range(N - 1)] for r in root], torch.int64)}
+
+    def _run_trees(self, t, meta, ids_d, pos_d, vtok, vpar, vlim) -> None:
+        """Draft the trees and write them where the step reads them: the target forward's
+        ids, positions (root's + depth) and tree mask, and the verifier's tokens, parents and
+        limits (each tree's own depth)."""
+        root, moff = t["idx"].t
+        tr = self.tree_drafter.propose(t["staged"], self.rows.draft_hidden[t["rows"].t], ids_d[root],
+                                       self.draft_cache)
+        rows = t["draft_rows"].t
+        ids_d[rows] = tr.tokens[:, 1:]
+        pos_d[rows] = pos_d[root].unsqueeze(1) + tr.depths[:, 1:]
+        N = tr.tokens.shape[1]
+        at = moff.unsqueeze(1) + torch.arange(N * N, device=moff.device)
+        meta.mask[at.reshape(-1)] = tr.mask.reshape(-1).to(torch.uint8)
+        vi = t["vidx"].t
+        vtok[vi] = tr.tokens
+        vpar[vi] = tr.parents
+        vlim[vi] = tr.depth
+
     # ---- committing -----------------------------------------------------------------------
-    def _move_tree_kv(self, sched, lay, V, path, count, N) -> None:
-        """Accepted node path[d] was written at cache index n-1+path[d]; its committed place
-        is n-1+d. One gather/scatter over every layer's K and V."""
+    def _move_tree_kv(self, base, rows, path, count, N) -> None:
+        """Accepted node path[d] was written at cache index base+path[d] (base [B] = the
+        root's, n-1); its committed place is base+d. One gather/scatter over every layer's K
+        and V; `rows` [B] are the requests' device rows."""
         D = N - 1
         if D == 0:
             return
         bs = self.block_size
-        base = torch.tensor([sched[i].req.num_tokens - 1 for i in V], device=self.device)
-        rows = torch.tensor([sched[i].req.row for i in V], device=self.device)
         d = torch.arange(1, D + 1, device=self.device)
         src_idx = base.unsqueeze(1) + path[:, 1:]
         dst_idx = base.unsqueeze(1) + d.unsqueeze(0)
@@ -612,7 +609,7 @@ class ModelRunner:
         src, dst = slot(src_idx).reshape(-1), slot(dst_idx).reshape(-1)
         self.kv[:, :, dst] = self.kv[:, :, src]
 
-    def _stage_refresh(self, stg, sched, lay, reqs, trees, N, shift=None):
+    def _stage_refresh(self, stg, sched, lay, reqs, N, shift=None):
         """Stage the draft-KV refresh: the pair (hidden_p, token_{p+1}) of every newly
         committed position p goes to draft slot p+1, for every request, speculating or not."""
         base, dsel, vreq, emj, htok, dpos, dslot, last, lastadd = [], [], [], [], [], [], [], [], []

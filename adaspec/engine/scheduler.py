@@ -64,10 +64,6 @@ class StepPlan:
         """Some request verifies drafts: how many tokens it emits is known only afterwards."""
         return any(s.draft is not None for s in self.scheduled)
 
-    def drop_finished(self) -> None:
-        """Forget requests that finished after planning (their KV is already released)."""
-        self.scheduled = [s for s in self.scheduled if not s.req.is_finished]
-
     def __str__(self) -> str:
         rows = [f"  {s.req.request_id}: +{s.num_new_tokens} tokens, draft={s.draft or 0}" for s in self.scheduled]
         pre = f", preempted {[r.request_id for r in self.preempted]}" if self.preempted else ""

@@ -1,161 +1,207 @@
-"""Tree drafting (topk > 1) with an EAGLE-3 head, SGLang semantics. Chains (topk = 1) are
-drafted on the device without host round trips by the runner (`ModelRunner._run_chain`);
-trees need a host decision per depth (which candidates form the frontier), so this drafter
-reads each step's top-k back.
+"""Tree drafting (topk > 1) with an EAGLE-3 head, SGLang semantics, on the device: no host
+round trip between depths, no Python per request once staged. (Chains, topk = 1, are drafted
+by the runner's `draft_chain`, which CUDA graphs capture.)
 
 Draft-cache layout (shared block table with the target): the pair (hidden_p, token_{p+1})
 lives at draft slot p + 1 with rotary position p; slot 0 is never read (kv_start = 1). This
 shift makes every draft KV entry in block b depend only on tokens inside blocks 0..b, which
 is what lets prefix-cached blocks carry valid draft KV too.
 
-For a request with n tokens (last token t = tokens[n-1], target KV at 0..n-2):
-  step 0: query (fc-hidden of pair n-2, t) at slot n-1 -> depth-1 candidates (top `topk`)
-  step i: the best `topk` candidates of depth i (the frontier) are fed at slots
-          n + (i-1)*topk + r, each attending to the prefix, its ancestors and itself,
-          and each yields `topk` children (score = sum of log-probabilities on the path).
-Finally the best num_draft_tokens - 1 candidates by score form the tree (a parent scores
-at least as high as its child, so the selection is ancestor-closed).
+For a request with n tokens (root = tokens[n-1], target KV at 0..n-2), topk k, S steps:
+  step 0: one query (the request's draft hidden, the root) at cache index n-1 -> its top k
+          tokens are the depth-1 candidates (score = log-probability)
+  step i: the best k candidates of depth i (the frontier, best first) are fed at cache
+          indices n + (i-1)*k + r, each attending to the prefix, its frontier ancestors and
+          itself; each yields k children (score = sum of log-probabilities on the path)
+Finally the best num_draft_tokens - 1 candidates by score form the tree (a child never
+scores above its parent, so the selection is ancestor-closed), ordered by depth, then score.
+
+Every request of a step runs every depth with k query rows (graph-friendly shapes); a
+request whose own budget is shallower (`DraftShape.capped`) gets its deeper candidates
+scored -inf, its deeper queries write no KV, and the nodes past its own `num_draft_tokens`
+are padding (parent -1, masked to the root only, never accepted).
+
+The staged metadata is relative to n, so a request whose previous step is still in flight
+is corrected on the device like every other forward (`input_batch.Shift`), and tree steps
+overlap like chain steps.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import torch
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from adaspec.engine.input_batch import Staging, stage_forward
-from adaspec.engine.kv_cache import slot_of
-from adaspec.engine.request import Request
+from adaspec.engine.input_batch import Shift, Staging, stage_forward
 from adaspec.layers.attention import ForwardContext, forward_context
-from adaspec.spec_decode.eagle3 import Eagle3Head
-from adaspec.spec_decode.tree import DraftShape, DraftTree
 
 
 @dataclass
-class _Cand:
-    token: int
-    score: float
-    parent: int          # candidate index, -1 = root
-    depth: int
-    slot: int = -1       # draft slot if it was expanded (frontier)
-    hidden_row: int = -1  # row of its query's output hidden in that step's output
+class StagedTrees:
+    """One step's tree drafting, staged: per-depth forward metadata and per-request limits."""
+
+    steps: list            # (AttnMeta, positions) per depth, in the drafter's own buffer
+    B: int                 # speculating requests
+    k: int                 # topk
+    S: int                 # depths (the deepest request's num_steps)
+    N: int                 # tree size incl. the root (the largest num_draft_tokens)
+    limits: object         # staged int64 [2, B]: own num_steps, own num_draft_tokens - 1
 
 
 @dataclass
-class _ReqState:
-    req: Request
-    shape: DraftShape
-    cands: list[_Cand] = field(default_factory=list)
-    frontier: list[int] = field(default_factory=list)
+class Trees:
+    """Drafted trees on the device, B requests x N nodes (node 0 = the root), in the layout
+    the verifiers take (parents precede children, siblings best first)."""
+
+    tokens: torch.Tensor   # [B, N] int64 target-vocabulary ids
+    parents: torch.Tensor  # [B, N] int64, -1 for the root and padding nodes
+    depths: torch.Tensor   # [B, N] int64, 0 for the root and padding nodes
+    mask: torch.Tensor     # [B, N, N] bool: node i sees node j (itself and its ancestors)
+    depth: torch.Tensor    # [B] int64 depth of each tree
+
+
+def cap_of_candidates(k: int, S: int) -> int:
+    """Candidates drafted for topk k over S steps: k at depth 1, k*k at each further depth."""
+    return k + (S - 1) * k * k
 
 
 class TreeDrafter:
-    def __init__(self, head: Eagle3Head, backend, block_size: int, device: torch.device, group: int):
+    def __init__(self, head, backend, block_size: int, group: int):
         self.head = head
         self.backend = backend
         self.block_size = block_size
-        self.device = device
         self.group = group
-        self.stg = Staging(1 << 20, device)
 
-    def slot(self, req: Request, idx: int) -> int:
-        return slot_of(req, idx, self.block_size)
+    # ---- host: staging ----------------------------------------------------------------------
+    def stage(self, dstg: Staging, stg: Staging, reqs, shapes, rows, block_table: torch.Tensor,
+              shift: Shift | None = None, slack: int = 0) -> StagedTrees:
+        """Stage the S draft forwards of `reqs` (with their `DraftShape`s, device `rows`).
+        Metadata goes to `dstg` (begun and committed here); the per-request limits to `stg`.
+        With `shift`, requests whose previous step is in flight (`req.pending`) are corrected
+        on the device."""
+        k = shapes[0].topk
+        if any(s.topk != k for s in shapes):
+            raise ValueError(f"one tree step needs one topk, got {sorted({s.topk for s in shapes})}")
+        B = len(reqs)
+        S = max(s.num_steps for s in shapes)
+        N = max(s.num_draft_tokens for s in shapes)
+        bs = self.block_size
+        ns = np.array([r.num_tokens for r in reqs], dtype=np.int64)
+        own_steps = np.array([s.num_steps for s in shapes], dtype=np.int64)
+        moved = [b for b, r in enumerate(reqs) if r.pending] if shift is not None else []
+        moved_rows = [rows[b] for b in moved]
+        sh = shift if moved else None
+        dstg.begin()
+        steps = []
+        for i in range(S):
+            q = 1 if i == 0 else k
+            active = own_steps > i
+            if i == 0:
+                cidx = ns - 1
+                ctx = ns.copy()
+                mstart, moff, mask = None, None, None
+            else:
+                cidx = (ns + (i - 1) * k)[:, None] + np.arange(k)[None, :]
+                ctx = np.where(active, ns + i * k, ns)     # inactive: the prefix only, no tree region
+                mstart = ns
+                moff = np.arange(B, dtype=np.int64) * (k * i * k)
+                mask = np.zeros(B * k * i * k, np.uint8)   # filled on the device
+            cidx = cidx.reshape(B, q)
+            slots = [[r.block_ids[c // bs] * bs + c % bs if a else -1 for c in row]
+                     for r, row, a in zip(reqs, cidx.tolist(), active)]
+            sr = [j for b in moved for j in range(b * q, b * q + q)]
+            meta, _, pos = stage_forward(
+                dstg, self.backend, block_table, bs, self.group, q_lens=[q] * B, ctx_len=ctx, kv_start=[1] * B,
+                req_row=rows, positions=np.repeat(ns - 2 + i, q), cache_index=cidx.reshape(-1),
+                slots=np.asarray(slots, dtype=np.int64).reshape(-1), mask_start=mstart, mask_offset=moff, mask=mask,
+                max_ctx_len=int(ctx.max()) + slack,
+                shift=sh, shift_rows=(sr, [rows[j // q] for j in sr]), shift_reqs=(moved, moved_rows))
+            steps.append((meta, pos))
+        dstg.commit()
+        limits = stg.add(np.stack([own_steps, [s.num_draft_tokens - 1 for s in shapes]]), torch.int64)
+        return StagedTrees(steps, B, k, S, N, limits)
 
-    def _forward(self, rows, h, tokens, **kw):
-        self.stg.begin()
-        meta, ids, pos = stage_forward(self.stg, self.backend, rows.block_table, self.block_size, self.group,
-                                       input_ids=tokens, **kw)
-        self.stg.commit()
-        with forward_context(ForwardContext(meta, self.backend, self.cache)):
-            return self.head(h, ids, pos)
+    # ---- device: drafting -------------------------------------------------------------------
+    def _step(self, meta, cache, h, tokens, pos):
+        with forward_context(ForwardContext(meta, self.backend, cache)):
+            logits, g = self.head(h, tokens, pos)
+        return torch.log_softmax(logits, dim=-1), g
 
     @torch.inference_mode()
-    def propose(self, reqs: list[tuple[Request, DraftShape]], hidden: torch.Tensor, cache: list,
-                rows) -> list[DraftTree]:
-        """`hidden` [B, H]: each request's draft hidden state at its last pair; `cache`: one
-        (k, v) pair per draft layer."""
-        self.cache = cache
-        states = [_ReqState(r, s) for r, s in reqs]
-        rs = [st.req for st in states]
-        n = np.array([r.num_tokens for r in rs])
-        # ---- step 0: one query per request at its last pair ----
-        logits, g = self._forward(
-            rows, hidden, [r.all_token_ids[-1] for r in rs], q_lens=[1] * len(rs), ctx_len=n,
-            kv_start=[1] * len(rs), req_row=[r.row for r in rs], positions=n - 2, cache_index=n - 1,
-            slots=[self.slot(r, k - 1) for r, k in zip(rs, n)])
-        self._expand(states, list(range(len(states))), [[-1] for _ in states], logits, depth=1)
-        prev_g = g
-        # ---- steps 1..num_steps-1: expand each request's frontier ----
-        for i in range(1, max(st.shape.num_steps for st in states)):
-            active = [k for k, st in enumerate(states) if st.shape.num_steps > i]
-            if not active:
-                break
-            q_tokens, q_hidden_rows, slots, positions, cache_index = [], [], [], [], []
-            query_start, ctx, mstart, moff, masks, owners, who = [0], [], [], [], [], [], []
-            off = 0
-            for k in active:
-                st = states[k]
-                r, nk, tk = st.req, st.req.num_tokens, st.shape.topk
-                depth_i = [c for c, cd in enumerate(st.cands) if cd.depth == i]
-                depth_i.sort(key=lambda c: -st.cands[c].score)
-                st.frontier = depth_i[:tk]
-                region = i * tk   # frontier slots of steps 1..i: nk .. nk + i*tk - 1
-                m = np.zeros((len(st.frontier), region), dtype=np.uint8)
-                for row, c in enumerate(st.frontier):
-                    cd = st.cands[c]
-                    cd.slot = nk + (i - 1) * tk + row
-                    a = c
-                    while a >= 0:
-                        if st.cands[a].slot >= nk:
-                            m[row, st.cands[a].slot - nk] = 1
-                        a = st.cands[a].parent
-                    q_tokens.append(cd.token)
-                    q_hidden_rows.append(cd.hidden_row)
-                    slots.append(self.slot(r, cd.slot))
-                    positions.append(nk - 2 + i)
-                    cache_index.append(cd.slot)
-                    who.append(c)
-                query_start.append(len(q_tokens))
-                ctx.append(nk + region)
-                mstart.append(nk)
-                moff.append(off)
-                off += m.size
-                masks.append(m.reshape(-1))
-                owners.append(k)
-            h = prev_g[torch.tensor(q_hidden_rows, device=self.device)]
-            logits, g = self._forward(
-                rows, h, q_tokens, q_lens=np.diff(query_start), ctx_len=ctx, kv_start=[1] * len(owners),
-                req_row=[states[k].req.row for k in owners], positions=positions, cache_index=cache_index,
-                slots=slots, mask_start=mstart, mask_offset=moff, mask=np.concatenate(masks))
-            parents = [who[query_start[j]:query_start[j + 1]] for j in range(len(owners))]
-            self._expand(states, owners, parents, logits, depth=i + 1, row_offsets=query_start)
-            prev_g = g
-        return [self._select(st) for st in states]
+    def propose(self, st: StagedTrees, h: torch.Tensor, root: torch.Tensor, cache: list) -> Trees:
+        """Draft the trees: `h` [B, H] each request's draft hidden at its last pair, `root` [B]
+        its last token, `cache` one (k, v) pair per draft layer. Device ops only."""
+        B, k, S, N = st.B, st.k, st.S, st.N
+        dev = h.device
+        own_steps, own_nodes = st.limits.t
+        meta, pos = st.steps[0]
+        logp, g = self._step(meta, cache, h, root, pos)
+        top = logp.topk(k, dim=-1)
+        toks = [self.head.to_target_ids(top.indices)]          # per depth: [B, k], then [B, k*k]
+        scores = [top.values]
+        parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
+        rows_of = torch.arange(B, device=dev).unsqueeze(1).expand(B, k)   # query row that made each
+        eye = torch.eye(k, dtype=torch.uint8, device=dev).expand(B, k, k)
+        fmask = None
+        base = 0                                                # candidate index of depth i's first
+        for i in range(1, S):
+            # The frontier, best first (a stable sort: equal scores keep drafting order).
+            fscore, fidx = torch.sort(scores[-1], dim=1, descending=True, stable=True)
+            fscore, fidx = fscore[:, :k], fidx[:, :k]
+            qtok = toks[-1].gather(1, fidx)
+            qh = g[rows_of.gather(1, fidx).reshape(-1)]
+            if fmask is None:
+                fmask = eye
+            else:   # a frontier node sees its parent's ancestors (a row of the last frontier), then itself
+                prow = (fidx // k).unsqueeze(2).expand(B, k, fmask.shape[2])
+                fmask = torch.cat([fmask.gather(1, prow), eye], dim=2)
+            meta, pos = st.steps[i]
+            meta.mask[: fmask.numel()] = fmask.reshape(-1)
+            logp, g = self._step(meta, cache, qh, qtok.reshape(-1), pos)
+            top = logp.view(B, k, -1).topk(k, dim=-1)
+            s = fscore.unsqueeze(2) + top.values
+            s = torch.where((own_steps > i).view(B, 1, 1), s, torch.full_like(s, float("-inf")))
+            toks.append(self.head.to_target_ids(top.indices).reshape(B, k * k))
+            scores.append(s.reshape(B, k * k))
+            parents.append((base + fidx).unsqueeze(2).expand(B, k, k).reshape(B, k * k))
+            base += scores[-2].shape[1]
+            rows_of = (torch.arange(B * k, device=dev).view(B, k, 1)).expand(B, k, k).reshape(B, k * k)
+        return select(torch.cat(toks, 1), torch.cat(scores, 1), torch.cat(parents, 1), root, own_nodes, k, S, N)
 
-    def _expand(self, states, owners, parents, logits, depth, row_offsets=None):
-        """Add the top-k children of each query row as candidates (hidden_row = that row)."""
-        logp = torch.log_softmax(logits, dim=-1)
-        kmax = max(states[k].shape.topk for k in owners)
-        top = logp.topk(kmax, dim=-1)
-        ids = self.head.to_target_ids(top.indices).tolist()
-        vals = top.values.tolist()
-        for j, k in enumerate(owners):
-            st = states[k]
-            base = j if row_offsets is None else row_offsets[j]
-            for q, parent in enumerate(parents[j]):
-                row = base + q
-                pscore = st.cands[parent].score if parent >= 0 else 0.0
-                for t in range(st.shape.topk):
-                    st.cands.append(_Cand(ids[row][t], pscore + vals[row][t], parent, depth, hidden_row=row))
 
-    @staticmethod
-    def _select(st: _ReqState) -> DraftTree:
-        n_keep = st.shape.num_draft_tokens - 1
-        order = sorted(range(len(st.cands)), key=lambda c: (-st.cands[c].score, st.cands[c].depth, c))
-        keep = sorted(order[:n_keep], key=lambda c: (st.cands[c].depth, -st.cands[c].score, c))
-        index = {c: i + 1 for i, c in enumerate(keep)}
-        tokens = [st.req.all_token_ids[-1]] + [st.cands[c].token for c in keep]
-        parents = [-1] + [index.get(st.cands[c].parent, 0) if st.cands[c].parent >= 0 else 0 for c in keep]
-        depths = [0] + [st.cands[c].depth for c in keep]
-        return DraftTree(tokens, parents, depths)
+def select(tok: torch.Tensor, score: torch.Tensor, parent: torch.Tensor, root: torch.Tensor,
+           own_nodes: torch.Tensor, k: int, S: int, N: int) -> Trees:
+    """Keep each request's best `own_nodes` candidates (at most N - 1) as its tree.
+    tok/score/parent [B, C]: candidates in drafting order (depth 1 first), parent = candidate
+    index or -1. Ties in score go to the earlier candidate, as the host order did."""
+    B, C = score.shape
+    dev = score.device
+    depth_of = torch.cat([torch.ones(k, dtype=torch.long, device=dev)]
+                         + [torch.full((k * k,), d, dtype=torch.long, device=dev) for d in range(2, S + 1)])
+    # Best first; a stable sort keeps the earlier candidate first among equal scores.
+    order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, : N - 1]
+    rank = torch.arange(N - 1, device=dev).unsqueeze(0)
+    keep = rank < own_nodes.unsqueeze(1)
+    d = depth_of[order]
+    key = torch.where(keep, d * N + rank, torch.full_like(d, S * N + N))   # by depth, then score
+    by_depth = torch.sort(key, dim=1, stable=True).indices
+    sel, keep, d = order.gather(1, by_depth), keep.gather(1, by_depth), d.gather(1, by_depth)
+    pc = parent.gather(1, sel)                                  # parents as candidate indices
+    match = (sel.unsqueeze(1) == pc.unsqueeze(2)) & keep.unsqueeze(1)
+    pnode = torch.where(match.any(2), match.int().argmax(2) + 1, 0)   # node index; 0 = root
+    col = torch.full((B, 1), -1, dtype=torch.long, device=dev)
+    tokens = torch.cat([root.view(B, 1), torch.where(keep, tok.gather(1, sel), 0)], 1)
+    parents = torch.cat([col, torch.where(keep, pnode, -1)], 1)
+    depths = torch.cat([torch.zeros_like(col), torch.where(keep, d, 0)], 1)
+    # Ancestor masks: a node sees itself and what its parent sees; padding sees the root only.
+    eye = torch.eye(N, dtype=torch.bool, device=dev).expand(B, N, N)
+    pad = torch.zeros(B, N, N, dtype=torch.bool, device=dev)
+    pad[:, :, 0] = True
+    real = torch.cat([torch.ones_like(col, dtype=torch.bool), keep], 1).unsqueeze(2)
+    up = parents.clamp(min=0).unsqueeze(2).expand(B, N, N)
+    has_parent = (parents >= 0).unsqueeze(2)
+    mask = eye.clone()
+    for _ in range(S):
+        mask = eye | (has_parent & mask.gather(1, up))
+    mask = torch.where(real, mask, pad)
+    return Trees(tokens, parents, depths, mask, depths.max(1).values)

@@ -89,3 +89,60 @@ def verify_chain_sampled(tokens, limit, probs, uniforms, noise):
     emitted = torch.cat([drafts, drafts[:, :1]], dim=1).clone() if K else bonus.unsqueeze(1).clone()
     emitted.scatter_(1, acc.unsqueeze(1), bonus.unsqueeze(1))
     return path, emitted, acc + 1
+
+
+def verify_tree_sampled(tokens, parents, limit, probs, uniforms, noise, depth: int):
+    """Rejection sampling of trees whose drafts are deterministic (q one-hot), the batched law
+    of `verify.verify_sampled`: at the current node p_res = p(node); children are tried in
+    order (best-first = ascending node index), child c with token x accepted with probability
+    p_res(x); on rejection x is zeroed in p_res and p_res renormalised (when nothing is left,
+    p_res falls back to the unmodified p(node) and no further sibling is tried). If no child
+    is accepted the bonus is drawn from p_res, otherwise the walk continues from c (and after
+    `limit` acceptances the bonus is drawn from the unmodified p at the last node). Every
+    emitted token is an exact sample of the target distribution.
+
+    probs [B, N, V] float, uniforms [B, D, W] U(0,1) (one draw per depth and sibling rank),
+    noise [B, V] Exp(1) (bonus = argmax(p_res / noise)), depth D = N - 1.
+    W must be >= the most children any node has: the children of rank >= W are never tried
+    (not checked; the law stays exact, those drafts just never get accepted).
+    """
+    B, W = probs.shape[0], uniforms.shape[2]
+    dev = probs.device
+    rows = torch.arange(B, device=dev)
+    path = torch.zeros(B, depth + 1, dtype=torch.long, device=dev)
+    cur = torch.zeros(B, dtype=torch.long, device=dev)
+    alive = torch.ones(B, dtype=torch.bool, device=dev)   # every node on the path so far accepted
+    res = probs[:, 0]                                     # bonus distribution of rows that stopped
+    for d in range(1, depth + 1):
+        base = probs[rows, cur]                           # [B, V] target at the current node
+        p_res = base
+        children = parents == cur.unsqueeze(1)            # [B, N]; never padding (parent -1)
+        rank = children.long().cumsum(1)                  # 1-based sibling rank at children
+        trying = alive & (d <= limit)                     # rows still looking for a child here
+        child = torch.full_like(cur, -1)
+        for r in range(W):
+            kth = children & (rank == r + 1)
+            c = kth.long().argmax(1)
+            try_now = trying & kth.any(1)
+            x = tokens.gather(1, c.unsqueeze(1))          # [B, 1]
+            px = p_res.gather(1, x).squeeze(1)
+            acc = try_now & (px > 0) & (uniforms[:, d - 1, r] < px)
+            rej = try_now & ~acc
+            child = torch.where(acc, c, child)
+            zeroed = p_res.scatter(1, x, 0.0)
+            total = zeroed.sum(1, keepdim=True)
+            empty = rej & (total.squeeze(1) <= 0)         # nothing left: fall back to p(node), stop
+            renorm = torch.where(empty.unsqueeze(1), base, zeroed / total.clamp(min=1e-30))
+            p_res = torch.where(rej.unsqueeze(1), renorm, p_res)
+            trying = rej & ~empty
+        ok = alive & (child >= 0)                         # (child >= 0 implies d <= limit)
+        res = torch.where((alive & ~ok).unsqueeze(1), p_res, res)
+        cur = torch.where(ok, child, cur)
+        path[:, d] = torch.where(ok, cur, torch.zeros_like(cur))
+        alive = ok
+    res = torch.where(alive.unsqueeze(1), probs[rows, cur], res)    # accepted all the way down
+    acc = (path[:, 1:] > 0).long().sum(1)
+    bonus = (res / noise).argmax(1)
+    emitted = tokens.gather(1, torch.cat([path[:, 1:], path[:, :1]], dim=1))
+    emitted.scatter_(1, acc.unsqueeze(1), bonus.unsqueeze(1))
+    return path, emitted, acc + 1

@@ -122,9 +122,17 @@ def test_cuda_overlap_changes_nothing(models):
             assert [o.token_ids for o in llm.generate(prompts, greedy)] == ref, (kw, overlap)
             st = llm.stats()
             assert st["num_free_blocks"] == st["num_total_blocks"]
-            if not overlap or kw.get("topk", 1) == 1:
-                assert (st["overlapped_steps"] > 0) == overlap, (kw, st["overlapped_steps"])
+            assert (st["overlapped_steps"] > 0) == overlap, (kw, st["overlapped_steps"])
+    # Seeded sampling is reproducible in each mode. Across modes it is equal without a draft;
+    # with drafts, overlap changes which rows share a GEMM (a request that finished while its
+    # next step was planned still fills rows), and a last-bit difference in a probability can
+    # flip a rejection-sampling draw, so across modes only the law is the same (the CPU tests
+    # assert token equality there, where row results do not depend on the batch).
     sampled = [SamplingParams(max_tokens=20, temperature=0.9, top_k=50, seed=i, ignore_eos=True) for i in range(8)]
     a = [o.token_ids for o in LLM(str(d), overlap=True, **base).generate(prompts, sampled)]
     b = [o.token_ids for o in LLM(str(d), overlap=False, **base).generate(prompts, sampled)]
     assert a == b
+    tree = dict(draft=str(h), speculation="always", num_steps=2, topk=4, num_draft_tokens=8, overlap=True)
+    a = [o.token_ids for o in LLM(str(d), **tree, **base).generate(prompts, sampled)]
+    b = [o.token_ids for o in LLM(str(d), **tree, **base).generate(prompts, sampled)]
+    assert a == b and [len(t) for t in a] == [20] * 8
