@@ -33,7 +33,9 @@ CONFIGS = {
     "off": dict(),
     "chain3": dict(speculation="always", num_steps=3, topk=1),
     "tree16": dict(speculation="always", num_steps=2, topk=4, num_draft_tokens=16),
+    "auto4": dict(speculation="auto", num_steps=4, topk=1),   # diagnostics only (not a target)
 }
+Q = {"off": 1, "chain3": 4, "tree16": 16, "auto4": 4}
 
 
 def write_dirs() -> tuple[str, str]:
@@ -169,7 +171,7 @@ def main(argv=None) -> int:
         v = phys.get(f"{b}x{q}")
         return v if isinstance(v, (int, float)) else None
 
-    plan = (("off", (1, 16, 64, 256)), ("chain3", (1, 16, 64)), ("tree16", (1, 16, 64)))
+    plan = (("off", (1, 16, 64, 256)), ("chain3", (1, 16, 64)), ("tree16", (1, 16, 64)), ("auto4", (1, 16)))
     for config, batches in [c for c in plan if c[0] in a.configs.split(",")]:
         llm, startup = make_llm(target, draft, config, max_num_seqs=max(batches), overlap=a.overlap)
         g = llm.engine.runner.graphs
@@ -178,7 +180,7 @@ def main(argv=None) -> int:
                                   "graph_memory_GiB": g.memory_bytes / 2**30 if g else 0}
         print(f"[{config}] start-up {startup:.1f} s, {res['startup'][config]}", flush=True)
         if "steps" not in skip:
-            q = {"off": 1, "chain3": 4, "tree16": 16}[config]
+            q = Q[config]
             for b in batches:
                 r = step_times(llm, b, profile=a.profile and b in (1, 64))
                 ref = T(b, q)

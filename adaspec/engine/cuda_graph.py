@@ -1,5 +1,6 @@
-"""CUDA graphs of the chain drafter (K greedy draft steps) and of the target forward for uniform batches (every request has the same number
-of query rows q): decode (q = 1) and verification (q = k + 1 for chains, N for trees), at
+"""CUDA graphs of the drafters (K greedy chain steps; tree drafting with selection, per tree
+shape) and of the target forward for uniform batches (every request has the same number of
+query rows q): decode (q = 1) and verification (q = k + 1 for chains, N for trees), at
 batch-size buckets up to `max_num_seqs`. One memory pool is shared by all graphs (captured
 largest first). A batch between buckets is padded with requests that have no keys and
 write no KV. Anything else (prefill, mixed steps, shapes over the token cap) runs eagerly.
@@ -55,11 +56,30 @@ class _DraftGraph:
         return self.out
 
 
+class _TreeGraph:
+    """Tree drafting for `batch` requests of one tree shape: static inputs (hidden, root
+    token), static `Trees`; its metadata is staged by `TreeDrafter.stage` with `pad_to`."""
+
+    def __init__(self, batch: int, graph, h0, root0, out):
+        self.batch, self.graph, self.h0, self.root0, self.out = batch, graph, h0, root0, out
+
+    def run(self, h: torch.Tensor, root: torch.Tensor):
+        from adaspec.spec_decode.drafter import Trees
+
+        n = h.shape[0]
+        self.h0[:n].copy_(h)
+        self.root0[:n].copy_(root)
+        self.graph.replay()
+        o = self.out
+        return Trees(o.tokens[:n], o.parents[:n], o.depths[:n], o.mask[:n], o.depth[:n])
+
+
 class CudaGraphs:
     def __init__(self, runner):
         self.runner = runner
         self.graphs: dict[tuple[int, int, bool], _Graph] = {}
         self.draft_graphs: dict[tuple[int, int], _DraftGraph] = {}
+        self.tree_graphs: dict[tuple[int, int, int], _TreeGraph] = {}   # (batch, num_steps, N)
         self.pool = None
         self.capture_seconds = 0.0
         self.memory_bytes = 0
@@ -95,10 +115,14 @@ class CudaGraphs:
             for k in range(r.cfg.spec.num_steps, 0, -1):
                 for b in reversed(buckets):
                     self.draft_graphs[(b, k)] = self._capture_draft(b, k)
+            for shape in self.tree_shapes():   # tree drafting: the configured tree and its caps
+                for b in reversed(buckets):
+                    self.tree_graphs[(b, shape.num_steps, shape.num_draft_tokens)] = self._capture_tree(b, shape)
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - t0
         self.memory_bytes = torch.cuda.memory_reserved() - reserved0  # the graphs' pool
-        log.info("captured %d CUDA graphs in %.1f s, %.2f GiB", len(self.graphs) + len(self.draft_graphs),
+        log.info("captured %d CUDA graphs in %.1f s, %.2f GiB",
+                 len(self.graphs) + len(self.draft_graphs) + len(self.tree_graphs),
                  self.capture_seconds,
                  self.memory_bytes / 2**30)
 
@@ -109,6 +133,23 @@ class CudaGraphs:
         for b in batch_buckets(self.runner.cfg.scheduler.max_num_seqs):
             if b >= B:
                 return self.graphs.get((b, q, tree))
+        return None
+
+    def tree_shapes(self) -> list:
+        """Tree shapes a step may draft: the configured one capped at each depth (a step's
+        shape is that of its deepest request, and caps keep the topk)."""
+        from adaspec.spec_decode.policy import SpeculationPolicy
+
+        spc = self.runner.cfg.spec
+        if spc.topk == 1:
+            return []
+        full = SpeculationPolicy.configured_shape(spc)
+        return sorted({full.capped(d) for d in range(1, spc.num_steps + 1)}, reverse=True)
+
+    def tree_graph(self, B: int, S: int, N: int) -> _TreeGraph | None:
+        for b in batch_buckets(self.runner.cfg.scheduler.max_num_seqs):
+            if b >= B:
+                return self.tree_graphs.get((b, S, N))
         return None
 
     def draft_graph(self, B: int, K: int) -> _DraftGraph | None:
@@ -145,6 +186,29 @@ class CudaGraphs:
         with torch.cuda.graph(g, pool=self.pool):
             out = r.draft_chain(h0, tok0, steps)
         return _DraftGraph(b, g, self._h0, self._tok0, out)
+
+    @torch.inference_mode()
+    def _capture_tree(self, b: int, shape) -> _TreeGraph:
+        r = self.runner
+        td = r.tree_drafter
+        staged = td.stage_arrays(r.draft_stg, shape.topk, shape.num_steps, shape.num_draft_tokens, ns=[2] * b,
+                                 own_steps=[shape.num_steps] * b, own_nodes=[shape.num_draft_tokens - 1] * b,
+                                 rows=[r.rows.pad_row] * b, blocks=[None] * b, block_table=r.rows.block_table,
+                                 slack=r.max_model_len)   # kernels size split-KV for the longest context
+        if not hasattr(self, "_th0"):
+            n = r.cfg.scheduler.max_num_seqs
+            self._th0 = torch.zeros(n, r.draft.spec.hidden_size, dtype=r.dtype, device=r.device)
+            self._troot0 = torch.zeros(n, dtype=torch.int64, device=r.device)
+        h0, root0 = self._th0[:b], self._troot0[:b]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            td.propose(staged, h0, root0, r.draft_cache)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool):
+            out = td.propose(staged, h0, root0, r.draft_cache)
+        return _TreeGraph(b, g, self._th0, self._troot0, out)
 
     def _stage_dummy(self, b: int, q: int, tree: bool):
         r = self.runner

@@ -70,7 +70,7 @@ class Launched:
     plan: StepPlan
     lay: list
     V: list[int]                      # scheduled indices that sample, in verify order
-    N: int
+    D: int                            # deepest path the verifier could accept
     out: torch.Tensor | None          # host copy of [count | emitted | path | depth] per verify row
     start: object                     # timer marks (CUDA events; wall-clock floats on CPU);
     end: object                       # `end` is recorded after the output copy
@@ -201,14 +201,14 @@ class ModelRunner:
         with CUDA events: one enqueued at the start fires when the stream reaches it, so the
         span counts host preparation only while the device waits for it (right under overlap)."""
         timer = self._timer_mark()
-        lay, V, N, out = self._execute(plan)
+        lay, V, D, out = self._execute(plan)
         self.prev_speculative = plan.speculative
         if out is not None and self.device.type == "cuda":
             host = self._out_host[self._out_flip][: out.numel()].view(out.shape)
             self._out_flip ^= 1
             host.copy_(out, non_blocking=True)
             out = host
-        return Launched(plan, lay, V, N, out, timer, self._timer_mark())
+        return Launched(plan, lay, V, D, out, timer, self._timer_mark())
 
     def collect(self, step: Launched) -> list[StepResult]:
         """Wait for a launched step and return its results (one per scheduled request);
@@ -224,7 +224,7 @@ class ModelRunner:
         if step.out is None:
             return results
         out = step.out.tolist()
-        D = step.N - 1
+        D = step.D
         for k, i in enumerate(step.V):
             row = out[k]
             cnt = row[0]
@@ -258,6 +258,8 @@ class ModelRunner:
         else:
             N = max(sched[i].draft.num_draft_tokens for i in spec)
         tree_mode = bool(spec) and not chain
+        # The deepest path verification may accept: a tree of N nodes is only num_steps deep.
+        D = max(sched[i].draft.num_steps for i in spec) if tree_mode else N - 1
 
         # Requests whose previous step is in flight and may have emitted more than one token:
         # their positions are corrected on the device (input_batch.Shift).
@@ -402,7 +404,7 @@ class ModelRunner:
         vsrc = stg.add([rows[i] for i in V], torch.int64) if V else None
         drafts = self._stage_chain(stg, sched, lay, reqs, rows, N, shift_d) if chain else None
         tdraft = self._stage_trees(stg, sched, lay, reqs, rows, moffs, shift_d) if tree_mode else None
-        refresh = self._stage_refresh(stg, sched, lay, reqs, N, shift) if self.draft is not None else None
+        refresh = self._stage_refresh(stg, sched, lay, reqs, shift) if self.draft is not None else None
         shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh]
         stg.commit()
         self.rows.apply_updates(upd_d.t if upd_d is not None else None)
@@ -429,23 +431,23 @@ class ModelRunner:
         # ---- 4. verify ----
         if len(V):
             path, emitted, count = self._verify(sched, V, vlogits.view(len(V), N, -1), vtok_t, vpar_d.t,
-                                                vlim_d.t, sim_d, N, tree_mode)
+                                                vlim_d.t, sim_d, D, tree_mode)
             self.rows.last_token[vsrc.t] = emitted.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
             self.rows.last_count[vsrc.t] = count
         # ---- 5. commit: tree KV into place, draft refresh ----
         if tree_mode and len(V):
-            self._move_tree_kv(pos_d[vrows_d.t[:, 0]], vsrc.t, path, count, N)
+            self._move_tree_kv(pos_d[vrows_d.t[:, 0]], vsrc.t, path, count)
         if refresh is not None:
             self._run_refresh(refresh, aux, path if len(V) else None, emitted if len(V) else None,
                               count if len(V) else None)
         # ---- 6. the step's output, read back by `collect` ----
         out = torch.cat([count.unsqueeze(1), emitted, path, vlim_d.t.unsqueeze(1)], dim=1) if len(V) else None
-        return lay, V, N, out
+        return lay, V, D, out
 
     # ---- verification ---------------------------------------------------------------------
-    def _verify(self, sched, V, logits, tokens, parents, limit, sim_d, N, tree_mode):
-        """Batched verification; returns (path [B, N], emitted [B, N], count [B])."""
-        D = N - 1
+    def _verify(self, sched, V, logits, tokens, parents, limit, sim_d, D, tree_mode):
+        """Batched verification of paths up to D deep; returns (path [B, D+1], emitted
+        [B, D+1], count [B])."""
         params = [sched[i].req.params for i in V]
         greedy = all(p.greedy for p in params)
         if sim_d is not None:
@@ -457,6 +459,7 @@ class ModelRunner:
             return path, emitted, count
         if greedy:
             return verifier.verify_greedy(tokens, parents, limit, logits.argmax(-1), D)
+        N = logits.shape[1]
         probs = process_logits(logits.reshape(len(V) * N, -1), [p for p in params for _ in range(N)])
         probs = probs.view(len(V), N, -1)
         gens = [sched[i].req.generator for i in V]
@@ -560,11 +563,14 @@ class ModelRunner:
         the indices that route the trees into the target forward and the verifier."""
         spec = [i for i, s in enumerate(sched) if s.draft is not None and lay[i].pad]
         N = 1 + lay[spec[0]].pad
-        staged = self.tree_drafter.stage(self.draft_stg, stg, [reqs[i] for i in spec],
-                                         [sched[i].draft for i in spec], [rows[i] for i in spec],
-                                         self.rows.block_table, shift, self.max_draft if shift else 0)
+        shapes = [sched[i].draft for i in spec]
+        S = max(d.num_steps for d in shapes)
+        graph = self.graphs.tree_graph(len(spec), S, N) if self.graphs is not None else None
+        staged = self.tree_drafter.stage(self.draft_stg, [reqs[i] for i in spec], shapes, [rows[i] for i in spec],
+                                         self.rows.block_table, pad_to=graph.batch if graph else 0,
+                                         pad_row=self.rows.pad_row, shift=shift, slack=self.max_draft if shift else 0)
         root = [lay[i].row0 + lay[i].n_new - 1 for i in spec]
-        return {"staged": staged, "vidx": stg.add([lay[i].vi for i in spec], torch.int64),
+        return {"staged": staged, "graph": graph, "vidx": stg.add([lay[i].vi for i in spec], torch.int64),
                 "rows": stg.add([rows[i] for i in spec], torch.int64),
                 "idx": stg.add(np.stack([root, moffs]), torch.int64),
                 "draft_rows": stg.add([[r + 1 + j for j in range(N - 1)] for r in root], torch.int64)}
@@ -574,8 +580,11 @@ class ModelRunner:
         ids, positions (root's + depth) and tree mask, and the verifier's tokens, parents and
         limits (each tree's own depth)."""
         root, moff = t["idx"].t
-        tr = self.tree_drafter.propose(t["staged"], self.rows.draft_hidden[t["rows"].t], ids_d[root],
-                                       self.draft_cache)
+        h, tok = self.rows.draft_hidden[t["rows"].t], ids_d[root]
+        if t["graph"] is not None:
+            tr = t["graph"].run(h, tok)
+        else:
+            tr = self.tree_drafter.propose(t["staged"], h, tok, self.draft_cache)
         rows = t["draft_rows"].t
         ids_d[rows] = tr.tokens[:, 1:]
         pos_d[rows] = pos_d[root].unsqueeze(1) + tr.depths[:, 1:]
@@ -588,11 +597,11 @@ class ModelRunner:
         vlim[vi] = tr.depth
 
     # ---- committing -----------------------------------------------------------------------
-    def _move_tree_kv(self, base, rows, path, count, N) -> None:
+    def _move_tree_kv(self, base, rows, path, count) -> None:
         """Accepted node path[d] was written at cache index base+path[d] (base [B] = the
         root's, n-1); its committed place is base+d. One gather/scatter over every layer's K
         and V; `rows` [B] are the requests' device rows."""
-        D = N - 1
+        D = path.shape[1] - 1
         if D == 0:
             return
         bs = self.block_size
@@ -609,16 +618,15 @@ class ModelRunner:
         src, dst = slot(src_idx).reshape(-1), slot(dst_idx).reshape(-1)
         self.kv[:, :, dst] = self.kv[:, :, src]
 
-    def _stage_refresh(self, stg, sched, lay, reqs, N, shift=None):
+    def _stage_refresh(self, stg, sched, lay, reqs, shift=None):
         """Stage the draft-KV refresh: the pair (hidden_p, token_{p+1}) of every newly
         committed position p goes to draft slot p+1, for every request, speculating or not."""
         base, dsel, vreq, emj, htok, dpos, dslot, last, lastadd = [], [], [], [], [], [], [], [], []
         q_lens = []
         moved, moved_rows = [], []      # refresh entries of shifted requests
-        D = N - 1
         bs = self.block_size
         for i, (s, L) in enumerate(zip(sched, lay)):
-            q_lens.append(L.n_new + (D if L.pad else 0))
+            q_lens.append(L.n_new + (L.depth if L.pad else 0))
             r, c = s.req, s.req.num_computed
             n = r.num_tokens
             blocks, toks = r.block_ids, r.all_token_ids
@@ -634,9 +642,9 @@ class ModelRunner:
                 htok.append(toks[p + 1] if known else 0)
                 dpos.append(p)
                 dslot.append(blocks[(p + 1) // bs] * bs + (p + 1) % bs)
-            if L.pad:
+            if L.pad:   # the pairs of accepted drafts: at most the request's own depth
                 root = L.row0 + L.n_new - 1
-                for d in range(1, D + 1):
+                for d in range(1, L.depth + 1):
                     p = n - 1 + d
                     base.append(root)
                     dsel.append(d)
@@ -645,7 +653,7 @@ class ModelRunner:
                     htok.append(0)
                     dpos.append(p)
                     dslot.append(blocks[(p + 1) // bs] * bs + (p + 1) % bs if d <= L.depth else -1)
-                last.append(len(base) - 1 - D)
+                last.append(len(base) - 1 - L.depth)
                 lastadd.append(L.vi)
             else:
                 last.append(len(base) - 1)

@@ -45,7 +45,7 @@ class StagedTrees:
     k: int                 # topk
     S: int                 # depths (the deepest request's num_steps)
     N: int                 # tree size incl. the root (the largest num_draft_tokens)
-    limits: object         # staged int64 [2, B]: own num_steps, own num_draft_tokens - 1
+    limits: object         # staged int64 [2, B]: own num_steps, own num_draft_tokens - 1 (0: padding)
 
 
 @dataclass
@@ -73,24 +73,37 @@ class TreeDrafter:
         self.group = group
 
     # ---- host: staging ----------------------------------------------------------------------
-    def stage(self, dstg: Staging, stg: Staging, reqs, shapes, rows, block_table: torch.Tensor,
-              shift: Shift | None = None, slack: int = 0) -> StagedTrees:
-        """Stage the S draft forwards of `reqs` (with their `DraftShape`s, device `rows`).
-        Metadata goes to `dstg` (begun and committed here); the per-request limits to `stg`.
-        With `shift`, requests whose previous step is in flight (`req.pending`) are corrected
-        on the device."""
+    def stage(self, dstg: Staging, reqs, shapes, rows, block_table: torch.Tensor, pad_to: int = 0,
+              pad_row: int = 0, shift: Shift | None = None, slack: int = 0) -> StagedTrees:
+        """Stage the draft forwards of `reqs` (with their `DraftShape`s, device `rows`) into
+        `dstg` (begun and committed here), padded with `pad_to - len(reqs)` requests that see
+        no keys and write nothing (for a CUDA graph of that batch size). With `shift`,
+        requests whose previous step is in flight (`req.pending`) are corrected on the device.
+        The layout depends only on (batch, topk, depths), so a graph replays it."""
         k = shapes[0].topk
         if any(s.topk != k for s in shapes):
             raise ValueError(f"one tree step needs one topk, got {sorted({s.topk for s in shapes})}")
-        B = len(reqs)
         S = max(s.num_steps for s in shapes)
         N = max(s.num_draft_tokens for s in shapes)
-        bs = self.block_size
-        ns = np.array([r.num_tokens for r in reqs], dtype=np.int64)
-        own_steps = np.array([s.num_steps for s in shapes], dtype=np.int64)
+        pad = max(0, pad_to - len(reqs))
         moved = [b for b, r in enumerate(reqs) if r.pending] if shift is not None else []
+        return self.stage_arrays(
+            dstg, k, S, N, ns=[r.num_tokens for r in reqs] + [2] * pad,
+            own_steps=[s.num_steps for s in shapes] + [0] * pad,
+            own_nodes=[s.num_draft_tokens - 1 for s in shapes] + [0] * pad,
+            rows=list(rows) + [pad_row] * pad, blocks=[r.block_ids for r in reqs] + [None] * pad,
+            block_table=block_table, moved=moved, shift=shift if moved else None, slack=slack)
+
+    def stage_arrays(self, dstg: Staging, k: int, S: int, N: int, *, ns, own_steps, own_nodes, rows, blocks,
+                     block_table: torch.Tensor, moved=(), shift: Shift | None = None, slack: int = 0) -> StagedTrees:
+        """`stage` on plain arrays; a request whose `blocks` is None is padding (no keys, no
+        writes, its own depth 0)."""
+        B = len(ns)
+        bs = self.block_size
+        ns = np.asarray(ns, dtype=np.int64)
+        own_steps = np.asarray(own_steps, dtype=np.int64)
+        real = np.array([b is not None for b in blocks])
         moved_rows = [rows[b] for b in moved]
-        sh = shift if moved else None
         dstg.begin()
         steps = []
         for i in range(S):
@@ -106,19 +119,20 @@ class TreeDrafter:
                 mstart = ns
                 moff = np.arange(B, dtype=np.int64) * (k * i * k)
                 mask = np.zeros(B * k * i * k, np.uint8)   # filled on the device
+            ctx = np.where(real, ctx, 0)
             cidx = cidx.reshape(B, q)
-            slots = [[r.block_ids[c // bs] * bs + c % bs if a else -1 for c in row]
-                     for r, row, a in zip(reqs, cidx.tolist(), active)]
+            slots = [[blk[c // bs] * bs + c % bs if a else -1 for c in row] if blk is not None else [-1] * q
+                     for blk, row, a in zip(blocks, cidx.tolist(), active)]
             sr = [j for b in moved for j in range(b * q, b * q + q)]
             meta, _, pos = stage_forward(
                 dstg, self.backend, block_table, bs, self.group, q_lens=[q] * B, ctx_len=ctx, kv_start=[1] * B,
                 req_row=rows, positions=np.repeat(ns - 2 + i, q), cache_index=cidx.reshape(-1),
                 slots=np.asarray(slots, dtype=np.int64).reshape(-1), mask_start=mstart, mask_offset=moff, mask=mask,
                 max_ctx_len=int(ctx.max()) + slack,
-                shift=sh, shift_rows=(sr, [rows[j // q] for j in sr]), shift_reqs=(moved, moved_rows))
+                shift=shift, shift_rows=(sr, [rows[j // q] for j in sr]), shift_reqs=(moved, moved_rows))
             steps.append((meta, pos))
+        limits = dstg.add(np.stack([own_steps, np.asarray(own_nodes, dtype=np.int64)]), torch.int64)
         dstg.commit()
-        limits = stg.add(np.stack([own_steps, [s.num_draft_tokens - 1 for s in shapes]]), torch.int64)
         return StagedTrees(steps, B, k, S, N, limits)
 
     # ---- device: drafting -------------------------------------------------------------------

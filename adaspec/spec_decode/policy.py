@@ -8,6 +8,8 @@ happened through `policy.observe(feedback)`, which is how `auto` learns.
 """
 from __future__ import annotations
 
+from collections import deque
+
 import abc
 from dataclasses import dataclass, field
 
@@ -98,8 +100,13 @@ class AutoPolicy(SpeculationPolicy):
       tau(d)  = 1 + sum_{i<d} r_i, r_i the measured rate at which depth i+1 is reached
                 (an EMA over recent verify steps; depths never measured are extrapolated
                 geometrically from the deepest one that was);
-      T(b, d) = measured step time at batch b with depth-d drafts (an EMA per batch-size
-                bucket, warm-started by a start-up profile, interpolated between buckets).
+      T(b, d) = measured step time at batch b with depth-d drafts: the fastest of the last
+                `window` steps per batch-size bucket (seeded by a start-up profile,
+                interpolated between buckets). Not a mean: on the H200, runs of steps at
+                one depth were timed 40-70% slow (the host, not the device, setting the
+                pace), and a mean then priced the depth in use out against depths timed
+                earlier, so the choice flapped. Costs that really grow (longer contexts)
+                still show within a window.
     Stability: the current choice is kept unless another beats it by `margin`. Once every
     `probe_every` steps it runs one level deeper than its choice (from off: depth 1), and
     only when that level could win at this batch size if its extra token were always
@@ -110,7 +117,7 @@ class AutoPolicy(SpeculationPolicy):
     BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
     def __init__(self, cfg: SpecConfig, margin: float = 0.05, ema: float = 0.15, probe_every: int = 100,
-                 prior_rate: float = 0.6):
+                 prior_rate: float = 0.6, window: int = 48):
         super().__init__(cfg)
         self.max_depth = self.configured.num_steps
         self.shapes: list[DraftShape | None] = [None] + [self.configured.capped(d) for d in range(1, self.max_depth + 1)]
@@ -118,6 +125,8 @@ class AutoPolicy(SpeculationPolicy):
         self.rates: list[float | None] = [None] * self.max_depth  # r_i, None = never measured
         self.prior_rate = prior_rate
         self.times: dict[tuple[int, int], float] = {}             # (depth, bucket) -> seconds
+        self.samples: dict[tuple[int, int], deque] = {}           # the recent step times behind each
+        self.window = window
         self.depth = 0
         self.steps_since_spec = 0
         self.last_goodputs: dict[int, float] = {}
@@ -210,9 +219,7 @@ class AutoPolicy(SpeculationPolicy):
         # depth-3 probe between depth-2 steps took 22 ms where depth-3 steps take 7), so it
         # only fills a cost-table entry that is still empty.
         if fb.num_prefill_tokens == 0 and fb.batch_size > 0 and not (probe and key in self.times):
-            t = fb.step_time
-            old = self.times.get(key)
-            self.times[key] = t if old is None else (1 - self.ema) * old + self.ema * t
+            self._sample(key, fb.step_time)
         prior = self.rate_estimates()
         for i, (a, n) in enumerate(zip(fb.accepted_per_position, fb.drafted_per_position)):
             if n:
@@ -222,6 +229,11 @@ class AutoPolicy(SpeculationPolicy):
                 old = self.rates[i] if self.rates[i] is not None else prior[i]
                 w = 1 - (1 - self.ema) ** n   # n drafted tokens' worth of evidence
                 self.rates[i] = (1 - w) * old + w * r
+
+    def _sample(self, key: tuple[int, int], t: float) -> None:
+        recent = self.samples.setdefault(key, deque(maxlen=self.window))
+        recent.append(t)
+        self.times[key] = min(recent)
 
     def describe(self) -> dict:
         cost: dict[str, dict[int, float]] = {}
@@ -238,7 +250,7 @@ class AutoPolicy(SpeculationPolicy):
         seed the cost table before the first request."""
         if self.cfg.auto_profile:
             for (b, d), t in profile(self.shapes).items():
-                self.times[(d, self.bucket(b))] = t
+                self._sample((d, self.bucket(b)), t)
 
 
 POLICIES: dict[str, type[SpeculationPolicy]] = {

@@ -51,13 +51,20 @@ def test_cuda_graphs_and_triton_match_torch_reference(models, arch):
     sp = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     base = dict(device="cuda", dtype="float32", block_size=16, max_num_seqs=16)   # fewer graphs to capture
     ref = [o.token_ids for o in LLM(str(d), attention_backend="torch", enforce_eager=True, **base).generate(prompts, sp)]
-    for kw in (dict(attention_backend="triton", enforce_eager=True), dict(attention_backend="triton")):
+    accepted = {}   # the drafts (eager or replayed from a drafter graph) are the same too
+    for kw in (dict(attention_backend="torch", enforce_eager=True), dict(attention_backend="triton", enforce_eager=True),
+               dict(attention_backend="triton")):
         assert [o.token_ids for o in LLM(str(d), **kw, **base).generate(prompts, sp)] == ref, kw
         for shape in (dict(num_steps=3, topk=1), dict(num_steps=2, topk=4, num_draft_tokens=8)):
             llm = LLM(str(d), draft=str(h), speculation="always", **shape, **kw, **base)
             assert [o.token_ids for o in llm.generate(prompts, sp)] == ref, (kw, shape)
             st = llm.stats()
             assert st["num_free_blocks"] == st["num_total_blocks"]
+            accepted.setdefault(shape["topk"], []).append(st["accepted_tokens"])
+            if "enforce_eager" not in kw:
+                g = llm.engine.runner.graphs
+                assert (len(g.tree_graphs) > 0) == (shape["topk"] > 1) and len(g.draft_graphs) > 0
+    assert all(len(set(v)) == 1 for v in accepted.values()), accepted
     graphs = LLM(str(d), attention_backend="triton", **base).engine.runner.graphs
     assert graphs is not None and len(graphs.graphs) > 0
 
