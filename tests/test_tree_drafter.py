@@ -78,3 +78,24 @@ def test_select_matches_reference(k, S, N, ties):
         assert not t.mask[b, :n, n:].any()
         # Padding nodes see the root only.
         assert t.mask[b, n:, 0].all() and not t.mask[b, n:, 1:].any()
+
+
+def test_tree_contains_the_chain_and_accepts_at_least_as_much(agree_dir, trained_head):
+    """A tree that keeps every candidate (topk 2, 2 steps: 2 + 4 nodes) contains the chain of
+    the same depth (its best depth-1 node and that node's best child), so with a trained head
+    its acceptance is at least the chain's. A wrong hidden row, mask or position for the
+    second depth shows up here as a collapse of depth-2 acceptance."""
+    from adaspec import LLM, SamplingParams
+    from test_engine_core import prompts_of_lengths
+
+    prompts = prompts_of_lengths([6, 11, 17, 4, 9], seed=31)
+    sp = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    stats = {}
+    for name, shape in (("chain", dict(num_steps=2, topk=1)), ("tree", dict(num_steps=2, topk=2, num_draft_tokens=7))):
+        llm = LLM(agree_dir, draft=trained_head, speculation="always", device="cpu", dtype="float32", **shape)
+        llm.generate(prompts, sp)
+        stats[name] = llm.stats()
+    chain, tree = stats["chain"], stats["tree"]
+    assert chain["accept_rate_per_position"][1] > 0.2, chain   # the head does reach depth 2
+    assert tree["accept_length"] >= chain["accept_length"], (tree["accept_length"], chain["accept_length"])
+    assert tree["accept_rate_per_position"][1] >= 0.9 * chain["accept_rate_per_position"][1], (tree, chain)
