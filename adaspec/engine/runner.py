@@ -451,14 +451,16 @@ class ModelRunner:
         params = [sched[i].req.params for i in V]
         greedy = all(p.greedy for p in params)
         if sim_d is not None:
-            path, emitted, count = verifier.verify_simulated(tokens, parents, limit, sim_d.t.bool(), D)
+            path, emitted, count = (verifier.verify_simulated(tokens, parents, limit, sim_d.t.bool(), D) if tree_mode
+                                    else verifier.verify_chain_simulated(tokens, limit, sim_d.t.bool()))
             last = path.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
             rows = logits[torch.arange(len(V), device=self.device), last]
             bonus = self._sample(rows, params)
             emitted.scatter_(1, (count - 1).unsqueeze(1), bonus.unsqueeze(1))
             return path, emitted, count
         if greedy:
-            return verifier.verify_greedy(tokens, parents, limit, logits.argmax(-1), D)
+            return (verifier.verify_greedy(tokens, parents, limit, logits.argmax(-1), D) if tree_mode
+                    else verifier.verify_chain_greedy(tokens, limit, logits.argmax(-1)))
         N = logits.shape[1]
         probs = process_logits(logits.reshape(len(V) * N, -1), [p for p in params for _ in range(N)])
         probs = probs.view(len(V), N, -1)

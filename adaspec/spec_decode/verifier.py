@@ -63,6 +63,29 @@ def verify_simulated(tokens, parents, limit, uniforms, depth: int):
     return path, emitted, acc + 1
 
 
+def _chain_path(ok: torch.Tensor, limit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chains in a few ops instead of a walk: `ok` [B, D] says whether draft i would be
+    accepted after drafts 0..i-1; returns (path [B, D+1], accepted count [B])."""
+    B, D = ok.shape
+    steps = torch.arange(D + 1, device=ok.device)
+    ok = ok & (steps[1:].unsqueeze(0) <= limit.unsqueeze(1))
+    acc = ok.long().cumprod(1).sum(1)
+    return steps.unsqueeze(0) * (steps.unsqueeze(0) <= acc.unsqueeze(1)), acc
+
+
+def verify_chain_greedy(tokens, limit, argmax):
+    """`verify_greedy` for chains (node i's parent is i - 1; tokens, argmax [B, D+1])."""
+    path, acc = _chain_path(tokens[:, 1:] == argmax[:, :-1], limit)
+    return path, argmax.gather(1, path), acc + 1
+
+
+def verify_chain_simulated(tokens, limit, uniforms):
+    """`verify_simulated` for chains (uniforms [B, >= D] bool)."""
+    D = tokens.shape[1] - 1
+    path, acc = _chain_path(uniforms[:, :D], limit)
+    return path, tokens.gather(1, torch.cat([path[:, 1:], path[:, :1]], dim=1)), acc + 1
+
+
 def verify_chain_sampled(tokens, limit, probs, uniforms, noise):
     """Rejection sampling of chains whose drafts are deterministic (q one-hot): draft token
     x_i is accepted with probability p_i(x_i); at the first rejection the bonus is drawn from
