@@ -66,6 +66,9 @@ def cap_of_candidates(k: int, S: int) -> int:
 
 
 class TreeDrafter:
+    """A step's trees (see the module docstring): `stage` on the host, `propose` on the
+    device (eagerly, or replayed from a CUDA graph that captured it)."""
+
     def __init__(self, head, backend, block_size: int, group: int):
         self.head = head
         self.backend = backend
