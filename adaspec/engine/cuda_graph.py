@@ -81,6 +81,7 @@ class CudaGraphs:
         self.draft_graphs: dict[tuple[int, int], _DraftGraph] = {}
         self.tree_graphs: dict[tuple[int, int, int], _TreeGraph] = {}   # (batch, num_steps, N)
         self.pool = None
+        self._h0 = self._tok0 = None
         self.capture_seconds = 0.0
         self.memory_bytes = 0
 
@@ -126,14 +127,14 @@ class CudaGraphs:
                  self.capture_seconds,
                  self.memory_bytes / 2**30)
 
+    def bucket(self, B: int) -> int | None:
+        """The captured batch size that holds B requests (None: above every bucket)."""
+        return next((b for b in batch_buckets(self.runner.cfg.scheduler.max_num_seqs) if b >= B), None)
+
     def lookup(self, q_lens: list[int], tree: bool) -> _Graph | None:
         if not q_lens or any(q != q_lens[0] for q in q_lens):
             return None
-        q, B = q_lens[0], len(q_lens)
-        for b in batch_buckets(self.runner.cfg.scheduler.max_num_seqs):
-            if b >= B:
-                return self.graphs.get((b, q, tree))
-        return None
+        return self.graphs.get((self.bucket(len(q_lens)), q_lens[0], tree))
 
     def tree_shapes(self) -> list:
         """Tree shapes a step may draft: the configured one capped at each depth (a step's
@@ -147,16 +148,33 @@ class CudaGraphs:
         return sorted({full.capped(d) for d in range(1, spc.num_steps + 1)}, reverse=True)
 
     def tree_graph(self, B: int, S: int, N: int) -> _TreeGraph | None:
-        for b in batch_buckets(self.runner.cfg.scheduler.max_num_seqs):
-            if b >= B:
-                return self.tree_graphs.get((b, S, N))
-        return None
+        return self.tree_graphs.get((self.bucket(B), S, N))
 
     def draft_graph(self, B: int, K: int) -> _DraftGraph | None:
-        for b in batch_buckets(self.runner.cfg.scheduler.max_num_seqs):
-            if b >= B:
-                return self.draft_graphs.get((b, K))
-        return None
+        return self.draft_graphs.get((self.bucket(B), K))
+
+    def _record(self, fn):
+        """(graph, output) of `fn` captured into the shared pool, after one warm-up run on a
+        side stream (allocator and kernel caches settle outside the capture)."""
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool):
+            out = fn()
+        return g, out
+
+    def _draft_inputs(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Static inputs of the drafter graphs (a hidden state and a token per request),
+        shared by every chain and tree graph: each replay fills its rows first."""
+        if self._h0 is None:
+            r = self.runner
+            n = r.cfg.scheduler.max_num_seqs
+            self._h0 = torch.zeros(n, r.draft.spec.hidden_size, dtype=r.dtype, device=r.device)
+            self._tok0 = torch.zeros(n, dtype=torch.int64, device=r.device)
+        return self._h0[:b], self._tok0[:b]
 
     @torch.inference_mode()
     def _capture_draft(self, b: int, k: int) -> _DraftGraph:
@@ -172,19 +190,8 @@ class CudaGraphs:
                 max_ctx_len=r.max_model_len)
             steps.append((meta, pos))
         stg.commit()
-        if not hasattr(self, "_h0"):
-            n = r.cfg.scheduler.max_num_seqs
-            self._h0 = torch.zeros(n, r.draft.spec.hidden_size, dtype=r.dtype, device=r.device)
-            self._tok0 = torch.zeros(n, dtype=torch.int64, device=r.device)
-        h0, tok0 = self._h0[:b], self._tok0[:b]
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            r.draft_chain(h0, tok0, steps)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool):
-            out = r.draft_chain(h0, tok0, steps)
+        h0, tok0 = self._draft_inputs(b)
+        g, out = self._record(lambda: r.draft_chain(h0, tok0, steps))
         return _DraftGraph(b, g, self._h0, self._tok0, out)
 
     @torch.inference_mode()
@@ -195,20 +202,9 @@ class CudaGraphs:
                                  own_steps=[shape.num_steps] * b, own_nodes=[shape.num_draft_tokens - 1] * b,
                                  rows=[r.rows.pad_row] * b, blocks=[None] * b, block_table=r.rows.block_table,
                                  slack=r.max_model_len)   # kernels size split-KV for the longest context
-        if not hasattr(self, "_th0"):
-            n = r.cfg.scheduler.max_num_seqs
-            self._th0 = torch.zeros(n, r.draft.spec.hidden_size, dtype=r.dtype, device=r.device)
-            self._troot0 = torch.zeros(n, dtype=torch.int64, device=r.device)
-        h0, root0 = self._th0[:b], self._troot0[:b]
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            td.propose(staged, h0, root0, r.draft_cache)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool):
-            out = td.propose(staged, h0, root0, r.draft_cache)
-        return _TreeGraph(b, g, self._th0, self._troot0, out)
+        h0, root0 = self._draft_inputs(b)
+        g, out = self._record(lambda: td.propose(staged, h0, root0, r.draft_cache))
+        return _TreeGraph(b, g, self._h0, self._tok0, out)
 
     def _stage_dummy(self, b: int, q: int, tree: bool):
         r = self.runner
@@ -234,12 +230,5 @@ class CudaGraphs:
             with forward_context(ForwardContext(meta, r.backend, r.kv_caches)):
                 return r.model(ids, pos)
 
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            run()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool):
-            hidden, aux = run()
+        g, (hidden, aux) = self._record(run)
         return _Graph(b, q, g, hidden, aux)
