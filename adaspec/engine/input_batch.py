@@ -30,6 +30,7 @@ class Staging:
 
     def __init__(self, nbytes: int, device: torch.device):
         self.device = device
+        nbytes = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN   # whole elements of every dtype's view
         pin = device.type == "cuda"
         self.hosts = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(2 if pin else 1)]
         self.host_nps = [h.numpy() for h in self.hosts]

@@ -570,7 +570,7 @@ class ModelRunner:
         graph = self.graphs.tree_graph(len(spec), S, N) if self.graphs is not None else None
         staged = self.tree_drafter.stage(self.draft_stg, [reqs[i] for i in spec], shapes, [rows[i] for i in spec],
                                          self.rows.block_table, pad_to=graph.batch if graph else 0,
-                                         pad_row=self.rows.pad_row, shift=shift, slack=self.max_draft if shift else 0)
+                                         pad_row=self.rows.pad_row, shift=shift, slack=self.max_draft)
         root = [lay[i].row0 + lay[i].n_new - 1 for i in spec]
         return {"staged": staged, "graph": graph, "vidx": stg.add([lay[i].vi for i in spec], torch.int64),
                 "rows": stg.add([rows[i] for i in spec], torch.int64),

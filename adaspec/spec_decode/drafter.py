@@ -81,7 +81,8 @@ class TreeDrafter:
         """Stage the draft forwards of `reqs` (with their `DraftShape`s, device `rows`) into
         `dstg` (begun and committed here), padded with `pad_to - len(reqs)` requests that see
         no keys and write nothing (for a CUDA graph of that batch size). With `shift`,
-        requests whose previous step is in flight (`req.pending`) are corrected on the device.
+        requests whose previous step is in flight (`req.pending`) are corrected on the device,
+        and `slack` (the most a step in flight may shift them) bounds their context lengths.
         The layout depends only on (batch, topk, depths), so a graph replays it."""
         k = shapes[0].topk
         if any(s.topk != k for s in shapes):
@@ -95,7 +96,7 @@ class TreeDrafter:
             own_steps=[s.num_steps for s in shapes] + [0] * pad,
             own_nodes=[s.num_draft_tokens - 1 for s in shapes] + [0] * pad,
             rows=list(rows) + [pad_row] * pad, blocks=[r.block_ids for r in reqs] + [None] * pad,
-            block_table=block_table, moved=moved, shift=shift if moved else None, slack=slack)
+            block_table=block_table, moved=moved, shift=shift if moved else None, slack=slack if moved else 0)
 
     def stage_arrays(self, dstg: Staging, k: int, S: int, N: int, *, ns, own_steps, own_nodes, rows, blocks,
                      block_table: torch.Tensor, moved=(), shift: Shift | None = None, slack: int = 0) -> StagedTrees:

@@ -1,0 +1,90 @@
+"""The CUDA-graph plumbing on CPU: capture layouts, batch padding to buckets, static inputs
+and outputs of the target, chain-drafter and tree-drafter graphs.
+
+A captured graph replays its kernels on whatever the staging buffer holds at the addresses
+it captured, and writes into the tensors the capture returned. Here a stand-in "graph"
+re-runs the captured function with the captured metadata objects and copies its results
+into those same tensors: a step whose staging layout differs from the capture's, or that
+reads an output the graph does not refresh, gives different tokens or different drafts
+than the eager path. (On CUDA, tests/gpu runs the real graphs.)"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from adaspec import LLM, SamplingParams
+from adaspec.engine import cuda_graph
+from test_engine_core import prompts_of_lengths
+
+
+def _copy_into(dst, src) -> None:
+    if dst is None:
+        return
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    elif dataclasses.is_dataclass(dst):
+        for f in dataclasses.fields(dst):
+            _copy_into(getattr(dst, f.name), getattr(src, f.name))
+    else:
+        for d, s in zip(dst, src):
+            _copy_into(d, s)
+
+
+class _Replay:
+    """What a replay does: the captured work again, results written into the captured outputs."""
+
+    def __init__(self, fn, out, log):
+        self.fn, self.out, self.log = fn, out, log
+
+    def replay(self) -> None:
+        self.log.append(1)
+        _copy_into(self.out, self.fn())
+
+
+SHAPES = {
+    "off": {},
+    "chain3": dict(speculation="always", num_steps=3, topk=1),
+    "tree": dict(speculation="always", num_steps=2, topk=3, num_draft_tokens=7),
+    "auto-tree": dict(speculation="auto", num_steps=2, topk=2, num_draft_tokens=5),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypatch):
+    replays: list[int] = []
+    for name in ("synchronize", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 0)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+
+    def record(self, fn):
+        out = fn()
+        return _Replay(fn, out, replays), out
+
+    monkeypatch.setattr(cuda_graph.CudaGraphs, "_record", record)
+    kw = SHAPES[shape]
+    # 5 requests over buckets 1, 2, 4, 6: padded batches as the requests finish one by one.
+    prompts = prompts_of_lengths([6, 11, 3, 9, 14], seed=41)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 30, 17, 24, 9)]
+    outs, stats = {}, {}
+    for graphs in (False, True):
+        llm = LLM(agree_dir, device="cpu", dtype="float32", max_num_seqs=6, block_size=4,
+                  **(dict(draft=trained_head) if kw else {}), **kw)
+        runner = llm.engine.runner
+        if graphs:
+            runner.graphs = cuda_graph.CudaGraphs(runner)
+            runner.graphs.capture_all()
+            assert runner.graphs.graphs
+            assert bool(runner.graphs.tree_graphs) == (kw.get("topk", 1) > 1)
+            replays.clear()
+        outs[graphs] = [o.token_ids for o in llm.generate(prompts, params)]
+        stats[graphs] = llm.stats()
+    assert outs[True] == outs[False]
+    assert [len(t) for t in outs[True]] == [p.max_tokens for p in params]
+    if kw.get("speculation") == "always":   # (auto's choices follow measured step times)
+        # The drafts too: the same tokens accepted, step for step.
+        assert stats[True]["accepted_tokens"] == stats[False]["accepted_tokens"] > 0
+        assert stats[True]["verify_steps"] == stats[False]["verify_steps"]
+    assert len(replays) > 0
