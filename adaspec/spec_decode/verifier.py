@@ -38,6 +38,12 @@ def _walk(parents: torch.Tensor, limit: torch.Tensor, depth: int, pick) -> tuple
     return path, count
 
 
+def _drafts_on(tokens, path) -> torch.Tensor:
+    """[B, D+1]: the draft tokens along `path` (accepted node d's token in column d-1), the
+    columns past the accepted ones filled with a placeholder the caller overwrites."""
+    return tokens.gather(1, torch.cat([path[:, 1:], path[:, :1]], dim=1))
+
+
 def verify_greedy(tokens, parents, limit, argmax, depth: int):
     """Accept the child whose token equals the target's argmax at the current node."""
     def pick(cur, d, children):
@@ -59,7 +65,7 @@ def verify_simulated(tokens, parents, limit, uniforms, depth: int):
         return torch.where(uniforms[:, d - 1], first, torch.full_like(cur, -1))
 
     path, acc = _walk(parents, limit, depth, pick)
-    emitted = tokens.gather(1, torch.cat([path[:, 1:], path[:, :1]], dim=1))
+    emitted = _drafts_on(tokens, path)
     return path, emitted, acc + 1
 
 
@@ -83,7 +89,7 @@ def verify_chain_simulated(tokens, limit, uniforms):
     """`verify_simulated` for chains (uniforms [B, >= D] bool)."""
     D = tokens.shape[1] - 1
     path, acc = _chain_path(uniforms[:, :D], limit)
-    return path, tokens.gather(1, torch.cat([path[:, 1:], path[:, :1]], dim=1)), acc + 1
+    return path, _drafts_on(tokens, path), acc + 1
 
 
 def verify_chain_sampled(tokens, limit, probs, uniforms, noise):
@@ -125,7 +131,8 @@ def verify_tree_sampled(tokens, parents, limit, probs, uniforms, noise, depth: i
     emitted token is an exact sample of the target distribution.
 
     probs [B, N, V] float, uniforms [B, D, W] U(0,1) (one draw per depth and sibling rank),
-    noise [B, V] Exp(1) (bonus = argmax(p_res / noise)), depth D = N - 1.
+    noise [B, V] Exp(1) (bonus = argmax(p_res / noise)), depth D: the deepest path that can
+    be accepted (at most N - 1; a tree's own number of drafting steps is enough).
     W must be >= the most children any node has: the children of rank >= W are never tried
     (not checked; the law stays exact, those drafts just never get accepted).
     """
@@ -166,6 +173,6 @@ def verify_tree_sampled(tokens, parents, limit, probs, uniforms, noise, depth: i
     res = torch.where(alive.unsqueeze(1), probs[rows, cur], res)    # accepted all the way down
     acc = (path[:, 1:] > 0).long().sum(1)
     bonus = (res / noise).argmax(1)
-    emitted = tokens.gather(1, torch.cat([path[:, 1:], path[:, :1]], dim=1))
+    emitted = _drafts_on(tokens, path)
     emitted.scatter_(1, acc.unsqueeze(1), bonus.unsqueeze(1))
     return path, emitted, acc + 1
