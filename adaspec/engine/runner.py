@@ -529,10 +529,18 @@ class ModelRunner:
                 shift=shift if moved else None, shift_rows=(moved, moved_rows), shift_reqs=(moved, moved_rows))
             steps.append((meta, pos))
         dstg.commit()
-        return {"steps": steps, "graph": graph, "B": B, "vidx": stg.add([lay[i].vi for i in spec], torch.int64),
-                "root_rows": stg.add([lay[i].row0 for i in spec], torch.int64),
-                "rows": stg.add([rows[i] for i in spec], torch.int64),
-                "draft_rows": stg.add([[lay[i].row0 + 1 + j for j in range(K)] for i in spec], torch.int64)}
+        return {"steps": steps, "graph": graph, "B": B, **self._stage_routes(stg, lay, rows, spec, K)}
+
+    @staticmethod
+    def _stage_routes(stg, lay, rows, spec, K) -> dict:
+        """Where the drafts of the speculating requests `spec` come from and go (chains and
+        trees alike): their device rows, their verify index, their root row in the target
+        forward and the K draft rows after it."""
+        root = [lay[i].row0 + lay[i].n_new - 1 for i in spec]
+        return {"rows": stg.add([rows[i] for i in spec], torch.int64),
+                "vidx": stg.add([lay[i].vi for i in spec], torch.int64),
+                "root_rows": stg.add(root, torch.int64),
+                "draft_rows": stg.add([[r + 1 + j for j in range(K)] for r in root], torch.int64)}
 
     def draft_chain(self, h: torch.Tensor, tok: torch.Tensor, steps) -> torch.Tensor:
         """K greedy draft forwards from (hidden, token) [B]; returns target-vocabulary drafts
@@ -571,17 +579,14 @@ class ModelRunner:
         staged = self.tree_drafter.stage(self.draft_stg, [reqs[i] for i in spec], shapes, [rows[i] for i in spec],
                                          self.rows.block_table, pad_to=graph.batch if graph else 0,
                                          pad_row=self.rows.pad_row, shift=shift, slack=self.max_draft)
-        root = [lay[i].row0 + lay[i].n_new - 1 for i in spec]
-        return {"staged": staged, "graph": graph, "vidx": stg.add([lay[i].vi for i in spec], torch.int64),
-                "rows": stg.add([rows[i] for i in spec], torch.int64),
-                "idx": stg.add(np.stack([root, moffs]), torch.int64),
-                "draft_rows": stg.add([[r + 1 + j for j in range(N - 1)] for r in root], torch.int64)}
+        return {"staged": staged, "graph": graph, "moff": stg.add(moffs, torch.int64),
+                **self._stage_routes(stg, lay, rows, spec, N - 1)}
 
     def _run_trees(self, t, meta, ids_d, pos_d, vtok, vpar, vlim) -> None:
         """Draft the trees and write them where the step reads them: the target forward's
         ids, positions (root's + depth) and tree mask, and the verifier's tokens, parents and
         limits (each tree's own depth)."""
-        root, moff = t["idx"].t
+        root, moff = t["root_rows"].t, t["moff"].t
         h, tok = self.rows.draft_hidden[t["rows"].t], ids_d[root]
         if t["graph"] is not None:
             tr = t["graph"].run(h, tok)
