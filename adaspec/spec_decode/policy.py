@@ -8,9 +8,8 @@ happened through `policy.observe(feedback)`, which is how `auto` learns.
 """
 from __future__ import annotations
 
-from collections import deque
-
 import abc
+from collections import deque
 from dataclasses import dataclass, field
 
 from adaspec.config import SpecConfig
