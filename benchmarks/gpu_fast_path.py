@@ -88,6 +88,33 @@ def profile_steps(eng, steps: int = 6, top: int = 12) -> dict:
                             for n, v in kernels]}
 
 
+class _HostClock:
+    """Wall time the host spends in `runner.launch` and waiting on step-end events in
+    `runner.collect` (instance attributes shadow the methods until `stop`)."""
+
+    def __init__(self, runner):
+        self.runner, self.launch, self.wait = runner, 0.0, 0.0
+        launch, collect = runner.launch, runner.collect
+
+        def timed_launch(plan):
+            t = time.perf_counter()
+            try:
+                return launch(plan)
+            finally:
+                self.launch += time.perf_counter() - t
+
+        def timed_collect(step):
+            t = time.perf_counter()
+            step.end.synchronize()
+            self.wait += time.perf_counter() - t
+            return collect(step)
+
+        runner.launch, runner.collect = timed_launch, timed_collect
+
+    def stop(self) -> None:
+        del self.runner.launch, self.runner.collect
+
+
 def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False) -> dict:
     """Median wall time of steady-state engine steps with b decoding requests, and the
     target forward alone (its CUDA graph replayed, CUDA events)."""
@@ -101,12 +128,19 @@ def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False) -> dict
     # Pipelined (as the engine runs): with overlap a step's host work hides behind the
     # previous step's device work, so time a run of steps, not one step with syncs around it.
     torch.cuda.synchronize()
+    host = _HostClock(eng.runner)
     t0 = time.perf_counter()
     for _ in range(steps):
         eng.step()
     torch.cuda.synchronize()
-    out = {"step_ms": (time.perf_counter() - t0) / steps * 1e3,
-           "overlap": eng.config.overlap}
+    wall = (time.perf_counter() - t0) / steps * 1e3
+    host.stop()
+    out = {"step_ms": wall, "overlap": eng.config.overlap,
+           # Host time per step spent enqueueing (`launch`) and waiting for the device
+           # (inside `collect`): a step whose host time outside the wait is about the step
+           # time is host-bound.
+           "host_launch_ms": host.launch / steps * 1e3, "host_wait_ms": host.wait / steps * 1e3,
+           "host_busy_ms": wall - host.wait / steps * 1e3}
     if profile:
         try:
             out["profile"] = profile_steps(eng)
@@ -141,13 +175,30 @@ def generate_tok_s(llm: LLM, b: int, out_len: int = 256) -> dict:
     sp = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)
     llm.generate(prompts(1, seed=99), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts(b, seed=7), sp)
-    torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
+    eng = llm.engine
+    step, times = eng.step, []
+
+    def timed_step():   # where the time goes: the first steps (prefill), steady steps, the slowest
+        t = time.perf_counter()
+        try:
+            return step()
+        finally:
+            times.append(time.perf_counter() - t)
+
+    eng.step = timed_step
+    try:
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts(b, seed=7), sp)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+    finally:
+        del eng.step
     n = sum(len(o.token_ids) for o in outs)
     st = llm.stats()
-    return {"batch": b, "output_tokens": n, "seconds": dt, "tok_s": n / dt, "accept_length": st["accept_length"]}
+    ms = sorted(t * 1e3 for t in times)
+    return {"batch": b, "output_tokens": n, "seconds": dt, "tok_s": n / dt, "accept_length": st["accept_length"],
+            "engine_steps": len(times), "in_steps_s": sum(times), "median_step_ms": ms[len(ms) // 2] if ms else None,
+            "first_steps_ms": [round(t * 1e3, 2) for t in times[:4]], "slowest_steps_ms": [round(t, 2) for t in ms[-6:]]}
 
 
 def main(argv=None) -> int:
@@ -156,7 +207,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hf", default=None)
     ap.add_argument("--out", default="gpu_fast_path.json")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: steps,generate,throughput")
-    ap.add_argument("--profile", action="store_true", help="kernel profile of the steps at b = 1 and 64")
+    ap.add_argument("--profile", action="store_true", help="kernel profile of the steps at b = 1, 16 and 64")
     ap.add_argument("--configs", default="off,chain3,tree16", help="comma list of configurations to run")
     ap.add_argument("--no-overlap", dest="overlap", action="store_false",
                     help="run the engine without overlap (for comparison)")
@@ -182,7 +233,7 @@ def main(argv=None) -> int:
         if "steps" not in skip:
             q = Q[config]
             for b in batches:
-                r = step_times(llm, b, profile=a.profile and b in (1, 64))
+                r = step_times(llm, b, profile=a.profile and b in (1, 16, 64))
                 ref = T(b, q)
                 r.update(physics_ms=ref, step_ratio=r["step_ms"] / ref if ref else None,
                          forward_ratio=r.get("forward_ms", 0) / ref if ref and "forward_ms" in r else None)

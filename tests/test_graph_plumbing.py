@@ -48,6 +48,9 @@ SHAPES = {
     "chain3": dict(speculation="always", num_steps=3, topk=1),
     "tree": dict(speculation="always", num_steps=2, topk=3, num_draft_tokens=7),
     "auto-tree": dict(speculation="auto", num_steps=2, topk=2, num_draft_tokens=5),
+    # simulated acceptance: the post graphs' second verification kind
+    "chain3-sim": dict(speculation="always", num_steps=3, topk=1, spec_simulate_accept_rate=0.6),
+    "tree-sim": dict(speculation="always", num_steps=2, topk=3, num_draft_tokens=7, spec_simulate_accept_rate=0.6),
 }
 
 
@@ -64,6 +67,14 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
         return _Replay(fn, out, replays), out
 
     monkeypatch.setattr(cuda_graph.CudaGraphs, "_record", record)
+    post_replays: list[int] = []
+    post_replay = cuda_graph._PostGraph.replay
+
+    def counted(self):
+        post_replays.append(1)
+        return post_replay(self)
+
+    monkeypatch.setattr(cuda_graph._PostGraph, "replay", counted)
     kw = SHAPES[shape]
     # 5 requests over buckets 1, 2, 4, 6: padded batches as the requests finish one by one.
     prompts = prompts_of_lengths([6, 11, 3, 9, 14], seed=41)
@@ -88,3 +99,4 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
         assert stats[True]["accepted_tokens"] == stats[False]["accepted_tokens"] > 0
         assert stats[True]["verify_steps"] == stats[False]["verify_steps"]
     assert len(replays) > 0
+    assert len(post_replays) > 0   # verification and commit ran as a post graph

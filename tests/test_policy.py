@@ -122,15 +122,12 @@ def test_draft_stays_fresh_through_an_off_period(agree_dir, trained_head, monkey
     assert abs(interrupted - uninterrupted) < 0.15 * uninterrupted, (interrupted, uninterrupted)
 
     # Sensitivity check: a stale draft (the peers' bug) loses acceptance measurably.
-    original = ModelRunner._stage_refresh
+    original = ModelRunner._refresh_arrays
 
-    def stale(self, stg, sched, lay, reqs, *rest):
+    def stale(self, sched, lay, reqs, *rest):
         keep = [i for i, s in enumerate(sched) if s.draft is not None or s.num_new_tokens > 1]
-        if not keep:
-            return None
-        return original(self, stg, [sched[i] for i in keep], [lay[i] for i in keep], [reqs[i] for i in keep],
-                        *rest)
-    monkeypatch.setattr(ModelRunner, "_stage_refresh", stale)
+        return original(self, [sched[i] for i in keep], [lay[i] for i in keep], [reqs[i] for i in keep], *rest)
+    monkeypatch.setattr(ModelRunner, "_refresh_arrays", stale)
     _, stale_acc = measure((n // 3, 2 * n // 3))
     assert stale_acc < interrupted - 0.1, (stale_acc, interrupted)
 

@@ -34,12 +34,26 @@ class _Graph:
     on the rows that sample only: vocabulary-wide logits as a graph output would be a
     static [b*q, vocab] tensor per graph (hundreds of MB each at an 8B shape's buckets)."""
 
-    def __init__(self, batch: int, q: int, graph, hidden, aux):
-        self.batch, self.q, self.graph, self.hidden, self.aux = batch, q, graph, hidden, aux
+    def __init__(self, batch: int, q: int, tree: bool, graph, hidden, aux):
+        self.batch, self.q, self.tree, self.graph, self.hidden, self.aux = batch, q, tree, graph, hidden, aux
 
     def replay(self):
         self.graph.replay()
         return self.hidden, self.aux
+
+
+class _PostGraph:
+    """Everything after a target graph (`ModelRunner._post`: LM head on the verify rows,
+    greedy or simulated verification, tree-KV move, draft refresh) for its batch and shape;
+    reads the target graph's outputs and the step's post inputs staged right after the
+    forward's metadata; returns the static output rows."""
+
+    def __init__(self, graph, out):
+        self.graph, self.out = graph, out
+
+    def replay(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.out
 
 
 class _DraftGraph:
@@ -80,6 +94,7 @@ class CudaGraphs:
         self.graphs: dict[tuple[int, int, bool], _Graph] = {}
         self.draft_graphs: dict[tuple[int, int], _DraftGraph] = {}
         self.tree_graphs: dict[tuple[int, int, int], _TreeGraph] = {}   # (batch, num_steps, N)
+        self.post_graphs: dict[tuple, _PostGraph] = {}   # (batch, q, tree, depth, verification)
         self.pool = None
         self._h0 = self._tok0 = None
         self.capture_seconds = 0.0
@@ -111,6 +126,9 @@ class CudaGraphs:
                 if b * q <= MAX_GRAPH_TOKENS]
         for b, q, tree in sorted(todo, key=lambda x: -x[0] * x[1]):
             self.graphs[(b, q, tree)] = self._capture(b, q, tree)
+        for (b, q, tree), g in sorted(self.graphs.items(), key=lambda x: -x[0][0] * x[0][1]):
+            for depth, kind in self.post_shapes(q, tree):
+                self.post_graphs[(b, q, tree, depth, kind)] = self._capture_post(g, tree, depth, kind)
         if r.draft is not None:  # chain drafting: every depth the policies may pick
             buckets = batch_buckets(r.cfg.scheduler.max_num_seqs)
             for k in range(r.cfg.spec.num_steps, 0, -1):
@@ -123,7 +141,7 @@ class CudaGraphs:
         self.capture_seconds = time.perf_counter() - t0
         self.memory_bytes = torch.cuda.memory_reserved() - reserved0  # the graphs' pool
         log.info("captured %d CUDA graphs in %.1f s, %.2f GiB",
-                 len(self.graphs) + len(self.draft_graphs) + len(self.tree_graphs),
+                 len(self.graphs) + len(self.draft_graphs) + len(self.tree_graphs) + len(self.post_graphs),
                  self.capture_seconds,
                  self.memory_bytes / 2**30)
 
@@ -146,6 +164,24 @@ class CudaGraphs:
             return []
         full = SpeculationPolicy.configured_shape(spc)
         return sorted({full.capped(d) for d in range(1, spc.num_steps + 1)}, reverse=True)
+
+    def post_shapes(self, q: int, tree: bool) -> list[tuple[int, str]]:
+        """(depth, verification) pairs a post graph is captured for, after a target graph of q
+        rows per request: decode (depth 0), a chain of q-1, or each tree shape of q nodes;
+        greedy, or simulated acceptance when the engine simulates it. Draft heads of more
+        than one layer refresh with a forward of their own: no post graphs."""
+        r = self.runner
+        if r.draft is not None and r.draft.num_layers > 1:
+            return []
+        if q == 1:
+            return [(0, "greedy")]
+        kind = "sim" if r.cfg.spec.simulate_accept_rate is not None else "greedy"
+        if not tree:
+            return [(q - 1, kind)]
+        return sorted({(s.num_steps, kind) for s in self.tree_shapes() if s.num_draft_tokens == q})
+
+    def post_graph(self, target: _Graph, depth: int, kind: str) -> _PostGraph | None:
+        return self.post_graphs.get((target.batch, target.q, target.tree, depth, kind))
 
     def tree_graph(self, B: int, S: int, N: int) -> _TreeGraph | None:
         return self.tree_graphs.get((self.bucket(B), S, N))
@@ -206,6 +242,24 @@ class CudaGraphs:
         g, out = self._record(lambda: td.propose(staged, h0, root0, r.draft_cache))
         return _TreeGraph(b, g, self._h0, self._tok0, out)
 
+    @torch.inference_mode()
+    def _capture_post(self, g: _Graph, tree: bool, depth: int, kind: str) -> _PostGraph:
+        from adaspec.sampling import SamplingParams
+
+        r = self.runner
+        b, N = g.batch, g.q
+        _, _, pos = self._stage_dummy(b, N, tree)   # the forward's fields first, as in a step
+        vrows = np.arange(b * N, dtype=np.int64).reshape(b, N)
+        par = np.tile(np.arange(-1, N - 1, dtype=np.int64), (b, 1))
+        refresh = r._refresh_arrays([], [], [], depth, b, N) if r.draft is not None else None
+        pb = r._stage_post(r.stg, vrows, np.zeros((b, N), np.int64), par, np.zeros(b, np.int64),
+                           np.zeros((b, max(1, N - 1)), bool) if kind == "sim" else None, [r.rows.pad_row] * b,
+                           refresh)
+        r.stg.commit()
+        params = [SamplingParams(temperature=0.0)] * b
+        graph, out = self._record(lambda: r._post(g.hidden, g.aux, pos, pb, N, depth, tree, params, [None] * b))
+        return _PostGraph(graph, out)
+
     def _stage_dummy(self, b: int, q: int, tree: bool):
         r = self.runner
         T = b * q
@@ -231,4 +285,4 @@ class CudaGraphs:
                 return r.model(ids, pos)
 
         g, (hidden, aux) = self._record(run)
-        return _Graph(b, q, g, hidden, aux)
+        return _Graph(b, q, tree, g, hidden, aux)

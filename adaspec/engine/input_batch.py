@@ -40,6 +40,19 @@ class Staging:
         self.which = 0
         self.host, self.host_np = self.hosts[0], self.host_nps[0]
         self.offset = 0
+        # Device views by (start, size, dtype, shape): a step stages the same fields at the same
+        # offsets as the last one, and building a view costs host time (several ops) per field.
+        self.views: dict[tuple, torch.Tensor] = {}
+
+    def view(self, start: int, size: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+        key = (start, size, dtype, shape)
+        t = self.views.get(key)
+        if t is None:
+            if len(self.views) >= 8192:   # layouts vary with the batch: keep the cache bounded
+                self.views.clear()
+            raw = self.dev[start: start + size * _ELEMENT_SIZE[dtype]]
+            t = self.views[key] = raw.view(dtype).view(shape)
+        return t
 
     def begin(self) -> None:
         self.which = (self.which + 1) % len(self.hosts)
@@ -85,8 +98,7 @@ class _Ref:
     @property
     def t(self) -> torch.Tensor:
         if self._t is None:
-            raw = self.stg.dev[self.start: self.start + self.size * _ELEMENT_SIZE[self.dtype]]
-            self._t = raw.view(self.dtype).view(self.shape)
+            self._t = self.stg.view(self.start, self.size, self.dtype, self.shape)
         return self._t
 
 
@@ -106,7 +118,7 @@ class DeviceRows:
         self.last_count = torch.ones(num_rows + 1, dtype=torch.int64, device=device)
         self.owner: list[Request | None] = [None] * num_rows
         self.free = list(range(num_rows - 1, -1, -1))
-        self.pad_row = num_rows  # all zeros, used by padding requests of CUDA graphs
+        self.pad_row = num_rows  # the row of padding requests of CUDA graphs (the runner maps its blocks)
 
     def row_of(self, req: Request) -> int:
         if req.row >= 0 and self.owner[req.row] is req:

@@ -106,7 +106,10 @@ class ModelRunner:
         self.model.capture = self.draft.aux_layers if self.draft is not None else ()
         self.group = self.spec.num_heads // self.spec.num_kv_heads
         self.num_blocks = self._num_blocks()
-        L, S = self.spec.num_layers, self.num_blocks * self.block_size
+        # One block more than the scheduler hands out: padding requests of CUDA graphs map
+        # every block to it (`setup`), so whatever they write lands where nothing reads.
+        self.scratch_block = self.num_blocks
+        L, S = self.spec.num_layers, (self.num_blocks + 1) * self.block_size
         # One tensor for every layer's K and V: accepted tree KV moves with one index op.
         self.kv = torch.zeros(L, 2, S, self.spec.num_kv_heads, self.spec.head_dim, dtype=self.dtype,
                               device=self.device)
@@ -140,6 +143,7 @@ class ModelRunner:
         max_blocks = (max_pos + 1 + self.max_draft * max(1, spc.topk)) // self.block_size + 2
         hidden = self.draft.spec.hidden_size if self.draft is not None else None
         self.rows = DeviceRows(2 * sc.max_num_seqs + 8, max_blocks, self.device, hidden, self.dtype)
+        self.rows.block_table[self.rows.pad_row] = self.scratch_block
         n = spc.resolved_num_draft_tokens if self.draft is not None else 1
         max_rows = sc.max_num_batched_tokens + sc.max_num_seqs * (n + 1)
         nbytes = 256 * max_rows * (self.max_draft + 3) + 16 * sc.max_num_seqs * n * n + (1 << 20)
@@ -208,6 +212,8 @@ class ModelRunner:
             self._out_flip ^= 1
             host.copy_(out, non_blocking=True)
             out = host
+        elif out is not None:   # a graph's static output is overwritten by the next step
+            out = out.clone()
         return Launched(plan, lay, V, D, out, timer, self._timer_mark())
 
     def collect(self, step: Launched) -> list[StepResult]:
@@ -342,6 +348,16 @@ class ModelRunner:
         graph = self.graphs.lookup(q_lens, tree_mode) if self.graphs is not None else None
         B_pad = graph.batch if graph is not None else len(sched)
         extra = B_pad - len(sched)
+        # Verify batch: the requests that sample, in schedule order.
+        V = [i for i in range(len(sched)) if lay[i].vi >= 0]
+        params = [sched[i].req.params for i in V]
+        sim = self.cfg.spec.simulate_accept_rate if spec else None
+        # Everything after the forward replays as one graph when the forward does, every
+        # request is a decoder that samples, and no request needs its own generator.
+        post = None
+        if graph is not None and len(V) == len(sched) and all(L.n_new == 1 for L in lay) \
+                and all(p.greedy for p in params):
+            post = self.graphs.post_graph(graph, D, "sim" if sim is not None else "greedy")
         if extra:  # padding requests of the captured batch size: no keys, no KV writes
             q = q_lens[0]
             ids += [0] * (extra * q)
@@ -370,11 +386,11 @@ class ModelRunner:
             mask=np.concatenate(mask_parts) if mask_parts else None,
             max_ctx_len=(max(ctx) + slack) if ctx else 0,
             shift=shift, shift_rows=shift_rows if shifted else None, shift_reqs=shift_reqs if shifted else None)
-        upd = self.rows.table_updates(reqs)
-        upd_d = stg.add(upd, torch.int64) if upd is not None else None
 
-        # Verify batch (requests that sample): rows of logits, tree structure, limits.
-        V = [i for i in range(len(sched)) if lay[i].vi >= 0]
+        # The post-forward inputs come right after the forward's metadata, so that a post
+        # graph finds them where its capture staged them. With a post graph the verify batch
+        # and the refresh are padded to the graph's batch (padding rows change nothing).
+        vpad = extra if post is not None else 0
         vrows, vtok, vpar, vlim = [], [], [], []
         chain_par = list(range(-1, N - 1))
         for i in V:
@@ -390,21 +406,28 @@ class ModelRunner:
             vlim.append(L.depth)
             vtok.extend([0] * N)   # the root's token is never compared; drafts come from the device
             vpar.extend(chain_par)  # trees: overwritten on the device
-        shape = (len(V), N)
-        vrows, vtok, vpar = (np.array(x, dtype=np.int64).reshape(shape) for x in (vrows, vtok, vpar))
-        vrows_d = stg.add(vrows, torch.int64)
-        vtok_d = stg.add(vtok, torch.int64)
-        vpar_d = stg.add(vpar, torch.int64)
-        vlim_d = stg.add(vlim, torch.int64)
-        sim = self.cfg.spec.simulate_accept_rate
-        sim_d = stg.add(self.sim_generator.random((len(V), max(1, N - 1))) < sim, torch.uint8) \
-            if (sim is not None and spec) else None
-
+        for e in range(vpad):      # a padding request's rows: its own (q = N of them)
+            vrows.extend(range((len(sched) + e) * N, (len(sched) + e + 1) * N))
+            vtok.extend([0] * N)
+            vpar.extend(chain_par)
+            vlim.append(0)
+        Bv = len(V) + vpad
+        shape = (Bv, N)
+        refresh = None
+        if self.draft is not None:
+            refresh = self._refresh_arrays(sched, lay, reqs, D if post is not None else None, vpad, N)
+        pb = self._stage_post(
+            stg, np.array(vrows, dtype=np.int64).reshape(shape), np.array(vtok, dtype=np.int64).reshape(shape),
+            np.array(vpar, dtype=np.int64).reshape(shape), vlim,
+            self._sim_draws(len(V), vpad, N, sim),
+            [rows[i] for i in V] + [self.rows.pad_row] * vpad, refresh)
+        if refresh is not None:
+            self._refresh_meta(stg, pb, refresh, reqs, shift)
+        upd = self.rows.table_updates(reqs)
+        upd_d = stg.add(upd, torch.int64) if upd is not None else None
         fill = stg.add([fill_at, fill_from], torch.int64) if fill_at else None
-        vsrc = stg.add([rows[i] for i in V], torch.int64) if V else None
         drafts = self._stage_chain(stg, sched, lay, reqs, rows, N, shift_d) if chain else None
         tdraft = self._stage_trees(stg, sched, lay, reqs, rows, moffs, shift_d) if tree_mode else None
-        refresh = self._stage_refresh(stg, sched, lay, reqs, shift) if self.draft is not None else None
         shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh]
         stg.commit()
         self.rows.apply_updates(upd_d.t if upd_d is not None else None)
@@ -414,11 +437,11 @@ class ModelRunner:
             ids_d[fill.t[0]] = self.rows.last_token[fill.t[1]]
 
         # ---- 2. draft (on the device) ----
-        vtok_t = vtok_d.t
+        vtok_t = pb["vtok"].t
         if drafts is not None:
             vtok_t[drafts["vidx"].t, 1:] = self._run_chain(drafts, ids_d, N)
         if tdraft is not None:
-            self._run_trees(tdraft, meta, ids_d, pos_d, vtok_t, vpar_d.t, vlim_d.t)
+            self._run_trees(tdraft, meta, ids_d, pos_d, vtok_t, pb["vpar"].t, pb["vlim"].t)
 
         # ---- 3. target forward ----
         if graph is not None:
@@ -426,35 +449,71 @@ class ModelRunner:
         else:
             with forward_context(ForwardContext(meta, self.backend, self.kv_caches)):
                 hidden, aux = self.model(ids_d, pos_d)
-        vlogits = self.model.lm_head(hidden[vrows_d.t.reshape(-1)]) if len(V) else None
-
-        # ---- 4. verify ----
-        if len(V):
-            path, emitted, count = self._verify(sched, V, vlogits.view(len(V), N, -1), vtok_t, vpar_d.t,
-                                                vlim_d.t, sim_d, D, tree_mode)
-            self.rows.last_token[vsrc.t] = emitted.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
-            self.rows.last_count[vsrc.t] = count
-        # ---- 5. commit: tree KV into place, draft refresh ----
-        if tree_mode and len(V):
-            self._move_tree_kv(pos_d[vrows_d.t[:, 0]], vsrc.t, path, count)
-        if refresh is not None:
-            self._run_refresh(refresh, aux, path if len(V) else None, emitted if len(V) else None,
-                              count if len(V) else None)
-        # ---- 6. the step's output, read back by `collect` ----
-        out = torch.cat([count.unsqueeze(1), emitted, path, vlim_d.t.unsqueeze(1)], dim=1) if len(V) else None
+        if not V:
+            if refresh is not None:
+                self._run_refresh(pb["refresh"], aux, None, None, None)
+            return lay, V, D, None
+        # ---- 4-6. verify, commit, output (one graph, or the same work eagerly) ----
+        if post is not None:
+            out = post.replay()
+        else:
+            gens = [sched[i].req.generator for i in V]
+            out = self._post(hidden, aux, pos_d, pb, N, D, tree_mode, params, gens)
         return lay, V, D, out
 
+    # ---- after the forward ----------------------------------------------------------------
+    def _sim_draws(self, B: int, pad: int, N: int, rate) -> np.ndarray | None:
+        """Simulated acceptance: whether each draft of B requests is accepted (padding rows
+        draw nothing, so padding never changes a later step's draws)."""
+        if rate is None:
+            return None
+        acc = self.sim_generator.random((B, max(1, N - 1))) < rate
+        return np.concatenate([acc, np.zeros((pad, acc.shape[1]), dtype=bool)]) if pad else acc
+
+    @staticmethod
+    def _stage_post(stg, vrows, vtok, vpar, vlim, sim, vsrc, refresh) -> dict:
+        """Stage the post-forward inputs in one fixed order: the verify rows of the forward
+        [Bv, N], draft tokens, parents and limits (drafts fill them on the device), simulated
+        acceptance draws, the requests' device rows, and the draft refresh's arrays."""
+        pb = {"vrows": stg.add(vrows, torch.int64), "vtok": stg.add(vtok, torch.int64),
+              "vpar": stg.add(vpar, torch.int64), "vlim": stg.add(vlim, torch.int64),
+              "sim": stg.add(sim, torch.uint8) if sim is not None else None,
+              "vsrc": stg.add(vsrc, torch.int64)}
+        if refresh is not None:
+            pb["refresh"] = {"arr": stg.add(refresh["arr"], torch.int64), "last": stg.add(refresh["last"], torch.int64),
+                             "rows": stg.add(refresh["rows"], torch.int64), "meta": None}
+        return pb
+
+    def _post(self, hidden, aux, pos_d, pb, N, D, tree_mode, params, gens) -> torch.Tensor:
+        """The step after the target forward, on the device: the LM head on the verify rows,
+        verification, each request's last token and count (for the next step planned before
+        this one is read), accepted tree KV moved into place, the draft KV refreshed. Returns
+        the step's output rows [Bv, count | emitted [D+1] | path [D+1] | depth]. Captured as
+        is by the post graphs (greedy and simulated verification)."""
+        vrows, vsrc, vlim = pb["vrows"].t, pb["vsrc"].t, pb["vlim"].t
+        Bv = vrows.shape[0]
+        logits = self.model.lm_head(hidden[vrows.reshape(-1)]).view(Bv, N, -1)
+        sim = pb["sim"].t.bool() if pb["sim"] is not None else None
+        path, emitted, count = self._verify(params, gens, logits, pb["vtok"].t, pb["vpar"].t, vlim, sim, D, tree_mode)
+        self.rows.last_token[vsrc] = emitted.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
+        self.rows.last_count[vsrc] = count
+        if tree_mode:
+            self._move_tree_kv(pos_d[vrows[:, 0]], vsrc, path, count)
+        if "refresh" in pb:
+            self._run_refresh(pb["refresh"], aux, path, emitted, count)
+        return torch.cat([count.unsqueeze(1), emitted, path, vlim.unsqueeze(1)], dim=1)
+
     # ---- verification ---------------------------------------------------------------------
-    def _verify(self, sched, V, logits, tokens, parents, limit, sim_d, D, tree_mode):
+    def _verify(self, params, gens, logits, tokens, parents, limit, sim, D, tree_mode):
         """Batched verification of paths up to D deep; returns (path [B, D+1], emitted
-        [B, D+1], count [B])."""
-        params = [sched[i].req.params for i in V]
+        [B, D+1], count [B]). `params`/`gens`: each row's sampling parameters and generator."""
+        B = logits.shape[0]
         greedy = all(p.greedy for p in params)
-        if sim_d is not None:
-            path, emitted, count = (verifier.verify_simulated(tokens, parents, limit, sim_d.t.bool(), D) if tree_mode
-                                    else verifier.verify_chain_simulated(tokens, limit, sim_d.t.bool()))
+        if sim is not None:
+            path, emitted, count = (verifier.verify_simulated(tokens, parents, limit, sim, D) if tree_mode
+                                    else verifier.verify_chain_simulated(tokens, limit, sim))
             last = path.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
-            rows = logits[torch.arange(len(V), device=self.device), last]
+            rows = logits[torch.arange(B, device=self.device), last]
             bonus = self._sample(rows, params)
             emitted.scatter_(1, (count - 1).unsqueeze(1), bonus.unsqueeze(1))
             return path, emitted, count
@@ -462,16 +521,15 @@ class ModelRunner:
             return (verifier.verify_greedy(tokens, parents, limit, logits.argmax(-1), D) if tree_mode
                     else verifier.verify_chain_greedy(tokens, limit, logits.argmax(-1)))
         N = logits.shape[1]
-        probs = process_logits(logits.reshape(len(V) * N, -1), [p for p in params for _ in range(N)])
-        probs = probs.view(len(V), N, -1)
-        gens = [sched[i].req.generator for i in V]
+        probs = process_logits(logits.reshape(B * N, -1), [p for p in params for _ in range(N)])
+        probs = probs.view(B, N, -1)
         if not tree_mode:
-            u = self._uniform(len(V), D, gens)
-            noise = self._exponential(len(V), probs.shape[-1], gens)
+            u = self._uniform(B, D, gens)
+            noise = self._exponential(B, probs.shape[-1], gens)
             return verifier.verify_chain_sampled(tokens, limit, probs, u, noise)
         W = self.cfg.spec.topk   # the most children a drafted node has
-        u = self._uniform(len(V), D * W, gens).view(len(V), D, W)
-        noise = self._exponential(len(V), probs.shape[-1], gens)
+        u = self._uniform(B, D * W, gens).view(B, D, W)
+        noise = self._exponential(B, probs.shape[-1], gens)
         return verifier.verify_tree_sampled(tokens, parents, limit, probs, u, noise, D)
 
     def _sample(self, logits: torch.Tensor, params) -> torch.Tensor:
@@ -625,15 +683,18 @@ class ModelRunner:
         src, dst = slot(src_idx).reshape(-1), slot(dst_idx).reshape(-1)
         self.kv[:, :, dst] = self.kv[:, :, src]
 
-    def _stage_refresh(self, stg, sched, lay, reqs, shift=None):
-        """Stage the draft-KV refresh: the pair (hidden_p, token_{p+1}) of every newly
-        committed position p goes to draft slot p+1, for every request, speculating or not."""
+    def _refresh_arrays(self, sched, lay, reqs, D, pad, N) -> dict:
+        """The draft-KV refresh, on the host: the pair (hidden_p, token_{p+1}) of every newly
+        committed position p goes to draft slot p+1, for every request, speculating or not.
+        A speculating request has one entry per accepted draft up to its own depth, or up to
+        D when D is given (a post graph's fixed layout; entries past the accepted length write
+        nothing); `pad` padding requests (of a graph batch, q = N rows each) add entries that
+        write nothing."""
         base, dsel, vreq, emj, htok, dpos, dslot, last, lastadd = [], [], [], [], [], [], [], [], []
         q_lens = []
-        moved, moved_rows = [], []      # refresh entries of shifted requests
+        moved, moved_rows = [], []      # refresh entries of requests whose previous step is in flight
         bs = self.block_size
         for i, (s, L) in enumerate(zip(sched, lay)):
-            q_lens.append(L.n_new + (L.depth if L.pad else 0))
             r, c = s.req, s.req.num_computed
             n = r.num_tokens
             blocks, toks = r.block_ids, r.all_token_ids
@@ -649,9 +710,10 @@ class ModelRunner:
                 htok.append(toks[p + 1] if known else 0)
                 dpos.append(p)
                 dslot.append(blocks[(p + 1) // bs] * bs + (p + 1) % bs)
-            if L.pad:   # the pairs of accepted drafts: at most the request's own depth
+            if L.pad:   # the pairs of accepted drafts
                 root = L.row0 + L.n_new - 1
-                for d in range(1, L.depth + 1):
+                depth = L.depth if D is None else D
+                for d in range(1, depth + 1):
                     p = n - 1 + d
                     base.append(root)
                     dsel.append(d)
@@ -660,36 +722,56 @@ class ModelRunner:
                     htok.append(0)
                     dpos.append(p)
                     dslot.append(blocks[(p + 1) // bs] * bs + (p + 1) % bs if d <= L.depth else -1)
-                last.append(len(base) - 1 - L.depth)
+                last.append(len(base) - 1 - depth)
                 lastadd.append(L.vi)
             else:
                 last.append(len(base) - 1)
                 lastadd.append(-1)
-            if shift is not None and r.pending:
+            q_lens.append(len(base) - first)
+            if r.pending:
                 moved.extend(range(first, len(base)))
                 moved_rows.extend([r.row] * (len(base) - first))
+        rows = [r.row for r in reqs]
+        for e in range(pad):   # write nothing; `last` lands in the padding's own row
+            vi = len(sched) + e
+            for j in range(1 + (D or 0)):
+                base.append(vi * N)
+                dsel.append(0)
+                vreq.append(vi)
+                emj.append(-1)
+                htok.append(0)
+                dpos.append(0)
+                dslot.append(-1)
+            last.append(len(base) - 1)
+            lastadd.append(-1)
+            rows.append(self.rows.pad_row)
         if not base:
             return None
-        arr = np.array([base, dsel, vreq, emj, htok, dpos, dslot], dtype=np.int64)
-        arr_d = stg.add(arr, torch.int64)
-        if moved:   # dpos is row 5 of arr, dslot (the slot of dpos + 1) row 6
-            R = arr.shape[1]
+        return {"arr": np.array([base, dsel, vreq, emj, htok, dpos, dslot], dtype=np.int64),
+                "last": np.array([last, lastadd], dtype=np.int64), "rows": rows, "q_lens": q_lens,
+                "moved": moved, "moved_rows": moved_rows}
+
+    def _refresh_meta(self, stg, pb, refresh, reqs, shift) -> None:
+        """Register the refresh entries of in-flight requests with the shift and, for draft
+        heads of more than one layer, stage the attention metadata of the refresh forward."""
+        arr_d = pb["refresh"]["arr"]
+        moved = refresh["moved"]
+        if shift is not None and moved:   # dpos is row 5 of arr, dslot (the slot of dpos + 1) row 6
+            R = refresh["arr"].shape[1]
             idx = np.asarray(moved, dtype=np.int64)
-            shift.add(arr_d, 5 * R + idx, moved_rows)
-            shift.add_slots(arr_d, 6 * R + idx, arr_d, 5 * R + idx, 1, moved_rows)
-        out = {"arr": arr_d, "last": stg.add(np.array([last, lastadd]), torch.int64),
-               "rows": stg.add([r.row for r in reqs], torch.int64), "meta": None}
+            shift.add(arr_d, 5 * R + idx, refresh["moved_rows"])
+            shift.add_slots(arr_d, 6 * R + idx, arr_d, 5 * R + idx, 1, refresh["moved_rows"])
         if self.draft.num_layers > 1:
             # Layers above the first attend: each request's pairs form a causal run of rows at
             # cache indices p + 1 (rows past the accepted length write nothing and no valid
-            # row sees them).
+            # row sees them). (No post graph: its steps are never padded.)
+            q_lens = refresh["q_lens"]
             ends = np.cumsum(q_lens)
-            pos = np.asarray(dpos)
-            out["meta"], _, _ = stage_forward(
+            pos = refresh["arr"][5]
+            pb["refresh"]["meta"], _, _ = stage_forward(
                 stg, self.backend, self.rows.block_table, self.block_size, self.draft_group, q_lens=q_lens,
                 ctx_len=pos[ends - 1] + 2, kv_start=[1] * len(q_lens), req_row=[r.row for r in reqs],
-                positions=pos, cache_index=pos + 1, slots=dslot)
-        return out
+                positions=pos, cache_index=pos + 1, slots=refresh["arr"][6])
 
     def _run_refresh(self, refresh, aux, path, emitted, count) -> None:
         base, dsel, vreq, emj, htok, dpos, dslot = refresh["arr"].t

@@ -69,6 +69,33 @@ def test_cuda_graphs_and_triton_match_torch_reference(models, arch):
     assert graphs is not None and len(graphs.graphs) > 0
 
 
+def test_cuda_post_graphs_equal_eager(models, monkeypatch):
+    """Verification and commit replayed as post graphs (greedy and simulated acceptance) give
+    the tokens and acceptance of the same work run eagerly, with padded batches."""
+    from adaspec.engine import cuda_graph
+
+    d, h = models["llama"]
+    prompts = [[(5 * i + 11 * j) % 300 + 3 for j in range(4 + 6 * i)] for i in range(5)]
+    sp = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (9, 40, 23, 31, 5)]
+    replays = []
+    replay = cuda_graph._PostGraph.replay
+    monkeypatch.setattr(cuda_graph._PostGraph, "replay", lambda self: replays.append(1) or replay(self))
+    base = dict(device="cuda", dtype="float32", block_size=16, max_num_seqs=8)
+    for shape in (dict(num_steps=3, topk=1), dict(num_steps=2, topk=4, num_draft_tokens=8)):
+        for sim in (None, 0.7):
+            got = {}
+            for eager in (True, False):
+                replays.clear()
+                llm = LLM(str(d), draft=str(h), speculation="always", enforce_eager=eager,
+                          spec_simulate_accept_rate=sim, **shape, **base)
+                toks = [o.token_ids for o in llm.generate(prompts, sp)]
+                st = llm.stats()
+                assert st["num_free_blocks"] == st["num_total_blocks"]
+                assert (len(replays) > 0) == (not eager), (shape, sim, eager)
+                got[eager] = (toks, st["accepted_tokens"], st["verify_steps"])
+            assert got[True] == got[False], (shape, sim)
+
+
 def test_cuda_matches_transformers(models):
     """Greedy tokens with graphs on equal transformers' own generate on the same GPU (fp32)."""
     from transformers import AutoModelForCausalLM
