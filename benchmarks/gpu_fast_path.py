@@ -158,14 +158,28 @@ def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False) -> dict
             def forward():   # the graph (up to the hidden states) and the LM head on every row
                 runner.model.lm_head(g.replay()[0])
 
-            forward()
-            s.record()
-            for _ in range(10):
-                forward()
-            e.record()
-            torch.cuda.synchronize()
-            out["forward_ms"] = s.elapsed_time(e) / 10
+            def timed(fn) -> float:
+                fn()
+                s.record()
+                for _ in range(10):
+                    fn()
+                e.record()
+                torch.cuda.synchronize()
+                return s.elapsed_time(e) / 10
+
+            out["forward_ms"] = timed(forward)
             out["graph"] = [g.batch, g.q, tree]
+            # The other graphs of the step, alone (the step's own inputs, replayed again; the
+            # requests are aborted below): what drafting and verify + commit cost the device.
+            gs = runner.graphs
+            post = [p for k, p in gs.post_graphs.items() if k[:3] == (g.batch, g.q, tree)]
+            if post:
+                out["post_ms"] = timed(post[0].graph.replay)
+            if q > 1:
+                dg = ([t for k, t in gs.tree_graphs.items() if k[0] == g.batch and k[2] == q] if tree
+                      else [gs.draft_graphs.get((g.batch, q - 1))])
+                if dg and dg[0] is not None:
+                    out["draft_ms"] = timed(dg[0].graph.replay)
     for rid in list(eng.requests):
         eng.abort_request(rid)
     return out

@@ -417,6 +417,13 @@ def test_choose_block_q():
     assert choose_block_q(512, 4) == 16
     assert choose_block_q(512, 3) == 16
     assert choose_block_q(512, 1) == 64
+    # Few requests: narrower tiles (not below 16 rows) until the grid has enough programs.
+    assert choose_block_q(16, 4, num_reqs=16) == 16
+    assert choose_block_q(16, 4, num_reqs=8) == 8
+    assert choose_block_q(16, 4, num_reqs=1) == 4
+    assert choose_block_q(4, 4, num_reqs=1) == 4
+    assert choose_block_q(1, 4, num_reqs=1) == 1
+    assert choose_block_q(512, 4, num_reqs=1) == 16    # a long prefill has programs enough
     with pytest.raises(ValueError):
         choose_block_q(0, 4)
 
@@ -430,6 +437,8 @@ def test_choose_num_splits():
     assert choose_num_splits(8, 300, cpu) == 1        # too few keys to split
     assert choose_num_splits(2048, 4096, cpu) == 1    # the grid alone fills the GPU
     assert 1 < choose_num_splits(128, 4096, cpu) <= 4
+    assert choose_num_splits(128, 4096, cpu, block_m=64) == 2   # heavy tiles: ~1 program per SM
+    assert choose_num_splits(512, 4096, cpu, block_m=64) == 1
 
 
 def test_bad_shapes_raise():

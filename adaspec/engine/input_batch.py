@@ -176,7 +176,7 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
     q_lens = np.asarray(q_lens, dtype=np.int64)
     ctx = np.asarray(ctx_len, dtype=np.int64)
     max_q = int(q_lens.max()) if len(q_lens) else 0
-    bq = backend.block_q(max(1, max_q), group)
+    bq = backend.block_q(max(1, max_q), group, len(q_lens))
     prog_req, prog_q0 = launch_plan(q_lens, bq)
     qs = np.zeros(len(q_lens) + 1, dtype=np.int64)
     np.cumsum(q_lens, out=qs[1:])

@@ -54,7 +54,7 @@ def build(b: int, ctx: int, q: int, dev, dtype, seed=0):
     T = b * q
     prefix = ctx - q
     q_lens = [q] * b
-    block_q = choose_block_q(q, HQ // HKV)
+    block_q = choose_block_q(q, HQ // HKV, b)
     prog_req, prog_q0 = launch_plan(q_lens, block_q)
     tree = q > 1
     mask = np.tile(tree_mask(q).reshape(-1), b) if tree else np.zeros(1, np.uint8)
@@ -104,7 +104,8 @@ def run_case(kind: str, b: int, ctx: int, q: int, dtype) -> dict:
     dev = torch.device("cuda")
     qt, kc, vc, meta = build(b, ctx, q, dev, dtype)
     scale = D ** -0.5
-    splits = choose_num_splits(len(meta.prog_req) * HKV, ctx, dev)
+    block_m = max(16, meta.block_q * (1 << (HQ // HKV - 1).bit_length()))
+    splits = choose_num_splits(len(meta.prog_req) * HKV, ctx, dev, block_m)
     rec = {"kind": kind, "b": b, "ctx": ctx, "q": q, "block_q": meta.block_q, "num_splits": splits,
            "kv_bytes": 2 * b * ctx * HKV * D * kc.element_size()}
     out = torch.empty_like(qt)

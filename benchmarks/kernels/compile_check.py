@@ -73,10 +73,13 @@ def resource_usage(compiled) -> str:
     return ""
 
 
-def attention_args(dtype, G, D, block_q, split, window, block_n=64):
+def attention_args(dtype, G, D, block_q, split, window):
+    """Kernel arguments and the launch's (num_warps, num_stages), as triton_paged_attention
+    chooses them."""
     GP = tk._next_pow2(G)
     BLOCK_M = max(tk.MIN_BLOCK_M, block_q * GP)
     D_PAD = max(16, tk._next_pow2(D))
+    block_n, num_warps, num_stages = tk.launch_config(BLOCK_M, D_PAD)
     i32, i64 = torch.int32, torch.int64
     a = dict(q_ptr=dtype, k_ptr=dtype, v_ptr=dtype, out_ptr=dtype, ws_acc_ptr=torch.float32,
              ws_ml_ptr=torch.float32, positions_ptr=i64, cache_index_ptr=i32, query_start_ptr=i32,
@@ -89,11 +92,10 @@ def attention_args(dtype, G, D, block_q, split, window, block_n=64):
     for n in ("num_rows", "num_q_heads", "window", "num_splits"):
         a[n] = 7
     a.update(BLOCK_SIZE=("c", 16), G=("c", G), GP=("c", GP), BLOCK_Q=("c", block_q), BLOCK_M=("c", BLOCK_M),
-             BLOCK_N=("c", block_n if D_PAD <= 128 else 32), D=("c", D), D_PAD=("c", D_PAD),
+             BLOCK_N=("c", block_n), D=("c", D), D_PAD=("c", D_PAD),
              HAS_WINDOW=("c", window), SPLIT=("c", split),
              DOT_PREC=("c", "ieee" if dtype == torch.float32 else "tf32"), DOT_F32=("c", False))
-    num_warps = 8 if BLOCK_M * D_PAD >= 64 * 128 else 4
-    return a, num_warps
+    return a, (num_warps, num_stages)
 
 
 def main():
@@ -114,11 +116,10 @@ def main():
     ]
     ok = True
     for dtype, G, D, bq, split, window in cases:
-        a, nw = attention_args(dtype, G, D, bq, split, window)
+        a, (nw, ns) = attention_args(dtype, G, D, bq, split, window)
         what = f"attention {str(dtype)[6:]} G={G} D={D} block_q={bq} split={split} window={window}"
         try:
-            c = compile_kernel(tk._paged_attn_kernel, target, a, num_warps=nw,
-                               num_stages=3 if a["BLOCK_M"][1] <= 32 else 2)
+            c = compile_kernel(tk._paged_attn_kernel, target, a, num_warps=nw, num_stages=ns)
             print(f"ok   {what}: shared {c.metadata.shared} B, {nw} warps, {resource_usage(c)}")
             if split:
                 r = {k: a[k] for k in ("G", "GP", "BLOCK_Q", "BLOCK_M", "D", "D_PAD")}

@@ -31,7 +31,7 @@ class AttentionBackend(abc.ABC):
     def forward(self, q, k_cache, v_cache, meta: AttnMeta, scale: float, window: int | None) -> torch.Tensor:
         """Attention of q over the paged cache under `meta`'s visibility rules."""
 
-    def block_q(self, max_q_len: int, group: int) -> int:
+    def block_q(self, max_q_len: int, group: int, num_reqs: int | None = None) -> int:
         """Query rows per program of the launch plan (only the Triton backend uses it)."""
         return 1
 
@@ -55,9 +55,9 @@ class TritonBackend(AttentionBackend):
         from adaspec.layers.attention.triton_kernels import triton_paged_attention
         return triton_paged_attention(q, k_cache, v_cache, meta, scale, window)
 
-    def block_q(self, max_q_len: int, group: int) -> int:
+    def block_q(self, max_q_len: int, group: int, num_reqs: int | None = None) -> int:
         from adaspec.layers.attention.triton_kernels import choose_block_q
-        return choose_block_q(max_q_len, group)
+        return choose_block_q(max_q_len, group, num_reqs)
 
 
 ATTENTION_BACKENDS = {"torch": TorchBackend, "triton": TritonBackend}

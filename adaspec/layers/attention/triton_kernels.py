@@ -44,13 +44,25 @@ def _next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def choose_block_q(max_q_len: int, group: int) -> int:
+# Programs per KV head below which a launch leaves SMs idle (132 SMs / 8 KV heads).
+MIN_PROGRAMS_PER_KV_HEAD = 16
+
+
+def choose_block_q(max_q_len: int, group: int, num_reqs: int | None = None) -> int:
     """Query rows per attention program (a power of two) for requests of at most `max_q_len`
     rows and `group` = Hq / Hkv query heads per KV head: enough rows to fill a MAX_BLOCK_M
-    tile, no more than the longest request needs (decode: 1; verify q=4, G=4: 4)."""
+    tile, no more than the longest request needs (decode: 1; verify q=4, G=4: 4). With
+    `num_reqs`, narrower tiles (down to MIN_BLOCK_M rows) while the batch gives too few
+    programs: on an H200, the 16-node tree verify of one request ran in 12.3 us with 16-row
+    tiles against 16.7 us with 64-row ones (benchmarks/results/h200/attention_sweep)."""
     if max_q_len < 1 or group < 1:
         raise ValueError(f"choose_block_q: need max_q_len >= 1 and group >= 1, got {max_q_len}, {group}")
-    return max(1, min(_next_pow2(max_q_len), MAX_BLOCK_M // _next_pow2(group)))
+    gp = _next_pow2(group)
+    bq = max(1, min(_next_pow2(max_q_len), MAX_BLOCK_M // gp))
+    if num_reqs is not None:
+        while bq * gp > MIN_BLOCK_M and num_reqs * -(-max_q_len // bq) < MIN_PROGRAMS_PER_KV_HEAD:
+            bq //= 2
+    return bq
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,12 +70,25 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
-def choose_num_splits(num_programs: int, max_ctx_len: int, device: torch.device) -> int:
+def choose_num_splits(num_programs: int, max_ctx_len: int, device: torch.device, block_m: int = MIN_BLOCK_M) -> int:
     """Split-KV factor for a grid of `num_programs` (= len(prog_req) * Hkv): split each
     program's keys only when the grid alone leaves SMs idle (decode at small batch), into
-    splits of >= 256 keys, aiming at ~2 programs per SM (H200: 132 SMs)."""
-    want = -(-2 * _num_sms(device) // max(num_programs, 1))
+    splits of >= 256 keys, aiming at ~2 programs per SM (H200: 132 SMs), or ~1 for tiles of
+    MAX_BLOCK_M rows (the 16-node tree verify of 16 requests: 30 us with 2 splits, 36 with 4)."""
+    per_sm = 1 if block_m >= MAX_BLOCK_M else 2
+    want = -(-per_sm * _num_sms(device) // max(num_programs, 1))
     return max(1, min(want, max_ctx_len // 256, 32))
+
+
+def launch_config(block_m: int, d_pad: int) -> tuple[int, int, int]:
+    """(block_n, num_warps, num_stages) of the attention kernel for a tile of `block_m` rows.
+    Measured on an H200 (8B heads, 512 keys; benchmarks/results/h200/attention_sweep): 4 warps
+    at every tile size (64-row tiles: 30 us against 51 with 8 warps at 16 requests, 88 against
+    181 at 64), 3 stages keeping two key blocks in flight, 32-key blocks for 64-row tiles and
+    for head dims over 128 (shared memory). An fp32 accumulator larger than 64 x 128 (head dim
+    256) spills registers on 4 warps: 8 there."""
+    block_n = 32 if block_m >= MAX_BLOCK_M or d_pad > 128 else 64
+    return block_n, (8 if block_m * d_pad > MAX_BLOCK_M * 128 else 4), 3
 
 
 # Per-step sizes are not specialized on: Triton would compile a variant per value class
@@ -212,7 +237,8 @@ def _split_reduce_kernel(
 def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            meta: AttnMeta, scale: float, window: int | None = None,
                            out: torch.Tensor | None = None, num_splits: int | None = None,
-                           block_n: int = 64) -> torch.Tensor:
+                           block_n: int | None = None, num_warps: int | None = None,
+                           num_stages: int | None = None) -> torch.Tensor:
     """Paged attention of q [T, Hq, D] over k_cache / v_cache [num_slots, Hkv, D], following
     the AttnMeta visibility rules; returns `out` [T, Hq, D] (allocated in q.dtype if None).
 
@@ -222,6 +248,7 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     meta.max_ctx_len, host ints only). Each split's key range is computed on the device, so
     any fixed value is correct for any context length (for CUDA graphs: fix it per graph).
     fp32 inputs use exact (ieee) products; bf16 / fp16 tensor-core ones with fp32 softmax.
+    `block_n`, `num_warps`, `num_stages`: launch overrides for tuning (None: the defaults).
     """
     T, Hq, D = q.shape
     Hkv = k_cache.shape[1]
@@ -248,14 +275,15 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     BLOCK_M = max(MIN_BLOCK_M, block_q * GP)
     D_PAD = max(16, _next_pow2(D))
     if num_splits is None:
-        num_splits = choose_num_splits(P * Hkv, meta.max_ctx_len, q.device)
+        num_splits = choose_num_splits(P * Hkv, meta.max_ctx_len, q.device, BLOCK_M)
     split = num_splits > 1
     if split:
         ws_acc = torch.empty(num_splits, T, Hq, D, dtype=torch.float32, device=q.device)
         ws_ml = torch.empty(num_splits, T, Hq, 2, dtype=torch.float32, device=q.device)
     else:
         ws_acc = ws_ml = out  # unused
-    num_warps = 8 if BLOCK_M * D_PAD >= 64 * 128 else 4  # 64-row tiles: spread the fp32 accumulator
+    dn, dw, ds = launch_config(BLOCK_M, D_PAD)
+    block_n, num_warps, num_stages = block_n or dn, num_warps or dw, num_stages or ds
     _paged_attn_kernel[(P, Hkv, num_splits)](
         q, k_cache, v_cache, out, ws_acc, ws_ml,
         meta.positions, meta.cache_index, meta.query_start, meta.ctx_len, meta.kv_start,
@@ -265,13 +293,11 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
         meta.block_table.stride(0), T, Hq, scale * _LOG2E, window or 0, num_splits,
         BLOCK_SIZE=meta.block_size, G=G, GP=GP, BLOCK_Q=block_q, BLOCK_M=BLOCK_M,
-        BLOCK_N=block_n if D_PAD <= 128 else 32,
+        BLOCK_N=block_n,
         D=D, D_PAD=D_PAD, HAS_WINDOW=window is not None, SPLIT=split,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_F32=_INTERPRET and q.dtype != torch.float32,
-        # 3 stages keep two key blocks in flight (cp.async) for the small decode/verify tiles;
-        # 64-row tiles have no registers left for a third.
-        num_warps=num_warps, num_stages=3 if BLOCK_M <= 32 else 2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if split:
         _split_reduce_kernel[(P, Hkv)](
