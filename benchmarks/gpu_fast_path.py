@@ -81,7 +81,15 @@ def profile_steps(eng, steps: int = 6, top: int = 12) -> dict:
         t[0] += dev_us(e) / 1e3 / steps
         t[1] += 1
     kernels = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    # Where the device waits: gaps between consecutive device events, the largest with the
+    # kernels on either side (what the stream waited for).
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in events)
+    gaps = [(b[0] - a[1], a[2][:50], b[2][:50]) for a, b in zip(spans, spans[1:]) if b[0] > a[1]]
+    big = sorted(gaps, reverse=True)[:8]
     return {"wall_ms_per_step": wall * 1e3, "device_busy_ms_per_step": busy,
+            "gaps_ms_per_step": sum(g[0] for g in gaps) / 1e3 / steps,
+            "gaps_over_20us_per_step": sum(1 for g in gaps if g[0] > 20) / steps,
+            "largest_gaps_us": [[round(g[0], 1), g[1], g[2]] for g in big],
             "device_idle_ms_per_step": wall * 1e3 - busy,
             "kernels_per_step": len(events) / steps,
             "top_kernels": [{"name": n[:90], "ms_per_step": round(v[0], 4), "calls_per_step": v[1] / steps}

@@ -121,11 +121,27 @@ def test_incremental_outputs_add_up_under_overlap(tok_model_dir, policy):
     assert eng.stats()["generation_tokens"] == sum(len(o.token_ids) for o in final.values())
 
 
-def test_shift_moves_slots_with_cache_index():
+def _shift_path(path, monkeypatch):
+    """Run Shift.apply through the PyTorch ops or the Triton kernels (interpreted on CPU)."""
+    import importlib.util
+
+    import torch
+
+    if path == "triton":
+        if importlib.util.find_spec("triton") is None or torch.cuda.is_available():
+            pytest.skip("the Triton path runs here only under the CPU interpreter")
+        monkeypatch.setenv("ADASPEC_TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("ADASPEC_TRITON_INTERPRET", raising=False)
+
+
+@pytest.mark.parametrize("path", ["torch", "triton"])
+def test_shift_moves_slots_with_cache_index(path, monkeypatch):
     """A shifted row's slot is that of its shifted cache index, which for draft rows is not
     its position (the EAGLE-3 pair at position p lives at cache index p + 1)."""
     import torch
 
+    _shift_path(path, monkeypatch)
     from adaspec.engine.input_batch import Shift, Staging, stage_forward
     from adaspec.layers.attention import get_backend
 
@@ -150,6 +166,51 @@ def test_shift_moves_slots_with_cache_index():
     assert meta.cache_index.tolist() == [8, 14, 15]
     assert meta.slot_mapping.tolist() == [slot(8), slot(14), -1]
     assert meta.ctx_len.tolist() == [16]
+
+
+def test_shift_kernels_equal_torch_ops(monkeypatch):
+    """The Triton shift (two launches) does what the PyTorch ops do, on random entries of
+    both views, repeated elements, slots that must stay -1, and rows that moved by 0..3."""
+    import numpy as np
+    import torch
+
+    from adaspec.engine.input_batch import Shift, Staging
+
+    _shift_path("triton", monkeypatch)
+    rng = np.random.default_rng(3)
+    bs, rows = 4, 6
+    table = torch.as_tensor(rng.permutation(64)[: rows * 10].reshape(rows, 10), dtype=torch.int32)
+    last_count = torch.as_tensor(rng.integers(1, 5, rows))
+    pos0, ci0 = rng.integers(0, 20, 40), rng.integers(0, 20, 30)
+    slots0 = np.where(rng.random(25) < 0.3, -1, 7)
+    idx64 = np.concatenate([np.arange(40), [3, 3, 17]])        # element 3 moves three times
+    r64 = rng.integers(0, rows, 43)
+    r32 = rng.integers(0, rows, 30)
+    pidx, off, rs = rng.integers(0, 40, 25), rng.integers(0, 2, 25), rng.integers(0, rows, 25)
+    from adaspec.engine import shift_kernels
+
+    ran = []
+    kernels = shift_kernels.shift_apply
+    monkeypatch.setattr(shift_kernels, "shift_apply", lambda *a: ran.append(kernels(*a)) or ran[-1])
+    out = {}
+    for path in ("torch", "triton"):
+        _shift_path(path, monkeypatch)
+        stg = Staging(1 << 14, torch.device("cpu"))
+        stg.begin()
+        sh = Shift(stg)
+        pos, ci, slots = stg.add(pos0, torch.int64), stg.add(ci0, torch.int32), stg.add(slots0, torch.int64)
+        sh.add(pos, idx64, r64)
+        sh.add(ci, np.arange(30), r32)
+        sh.add_slots(slots, np.arange(25), pos, pidx, off, rs)
+        staged = sh.stage(stg)
+        stg.commit()
+        sh.apply(staged, last_count, table, bs)
+        out[path] = (pos.t.clone(), ci.t.clone(), slots.t.clone())
+    assert ran == [False, True]   # the ops, then the kernels
+    for a, b in zip(out["torch"], out["triton"]):
+        assert torch.equal(a, b), (a, b)
+    assert not torch.equal(out["torch"][0], torch.as_tensor(pos0))   # the shift did something
+    assert (out["torch"][2] == -1).tolist() == (slots0 == -1).tolist()
 
 
 @pytest.mark.parametrize("policy", ["chain3", "tree"])

@@ -10,6 +10,7 @@ thing staged in a step, so a replayed graph reads the same addresses the step ju
 """
 from __future__ import annotations
 
+import gc
 import logging
 import time
 
@@ -116,6 +117,17 @@ class CudaGraphs:
         return out
 
     def capture_all(self) -> None:
+        # The cyclic garbage of engines that came before (their CUDA graphs, events, pinned
+        # buffers) goes now: freed by an automatic collection in the middle of a capture, it
+        # would invalidate the capture (seen on the H200 in a test that builds many engines).
+        gc.collect()
+        gc.disable()
+        try:
+            self._capture_all()
+        finally:
+            gc.enable()
+
+    def _capture_all(self) -> None:
         r = self.runner
         t0 = time.perf_counter()
         torch.cuda.synchronize()

@@ -257,7 +257,12 @@ class Shift:
                 "slots": into.add(cat(self.slots, 4), torch.int64)}
 
     def apply(self, staged: dict, last_count: torch.Tensor, block_table: torch.Tensor, block_size: int) -> None:
+        from adaspec.engine.shift_kernels import shift_apply
+
         dev = self.stg.dev
+        if shift_apply(dev, staged["i64"].t, staged["i32"].t, staged["slots"].t, last_count, block_table,
+                       block_size):
+            return
         v64, v32 = dev.view(torch.int64), dev.view(torch.int32)
         # (Index arrays live in a staging buffer too, so they are copied before writing.)
         for key, view in (("i64", v64), ("i32", v32)):

@@ -23,6 +23,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from adaspec.engine import shift_kernels  # noqa: E402
 from adaspec.layers import fused_ops  # noqa: E402
 from adaspec.layers.attention import triton_kernels as tk  # noqa: E402
 
@@ -147,6 +148,12 @@ def main():
             stride_vh=128,
             NUM_HEADS=("c", 32), NUM_KV=("c", 8), D=("c", 128), D_PAD=("c", 128), HALF=("c", 64),
             HALF_PAD=("c", 64))),
+        ("shift entries", shift_kernels._shift_entries_kernel, dict(
+            v64_ptr=torch.int64, v32_ptr=torch.int32, e64_ptr=torch.int64, n64=7, e32_ptr=torch.int64, n32=7,
+            last_count_ptr=torch.int64, BLOCK=("c", 256))),
+        ("shift slots", shift_kernels._shift_slots_kernel, dict(
+            v64_ptr=torch.int64, s_ptr=torch.int64, n=7, block_table_ptr=torch.int32, stride_bt=7,
+            BLOCK_SIZE=("c", 16), BLOCK=("c", 256))),
     ]
     for what, kern, a in simple:
         try:
