@@ -131,19 +131,30 @@ def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False) -> dict
         eng.add_request(f"st{b}-{i}", p, SamplingParams(max_tokens=1024, temperature=0.0, ignore_eos=True))
     while any(r.num_computed < len(r.prompt_token_ids) for r in eng.scheduler.running) or eng.scheduler.waiting:
         eng.step()
-    for _ in range(3):
+    for _ in range(4):
         eng.step()
-    # Pipelined (as the engine runs): with overlap a step's host work hides behind the
-    # previous step's device work, so time a run of steps, not one step with syncs around it.
-    torch.cuda.synchronize()
+    # Steady state, pipelined as the engine runs. With overlap, each `step()` returns once the
+    # previous step's device work is done, so the time between returns is a step's time on
+    # the device (with any wait for the host in it). Timing from a synchronized start instead
+    # adds, to every step, the host preparation of the first one, which nothing overlaps
+    # (`step_ms_from_sync`, kept for comparison: ~host_launch_ms / steps more).
     host = _HostClock(eng.runner)
+    spans = []
     t0 = time.perf_counter()
     for _ in range(steps):
         eng.step()
-    torch.cuda.synchronize()
+        spans.append(eng.runner.last_step_time * 1e3)
     wall = (time.perf_counter() - t0) / steps * 1e3
     host.stop()
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    for _ in range(steps):
+        eng.step()
+    torch.cuda.synchronize()
     out = {"step_ms": wall, "overlap": eng.config.overlap,
+           "step_ms_from_sync": (time.perf_counter() - t1) / steps * 1e3,
+           # the engine's own CUDA-event span of each step (what `auto` sees), median
+           "event_step_ms": sorted(spans)[len(spans) // 2],
            # Host time per step spent enqueueing (`launch`) and waiting for the device
            # (inside `collect`): a step whose host time outside the wait is about the step
            # time is host-bound.
