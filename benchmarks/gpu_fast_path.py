@@ -123,6 +123,30 @@ class _HostClock:
         del self.runner.launch, self.runner.collect
 
 
+class _GcClock:
+    """Collections of the cyclic garbage collector and the time they took, until `stop`."""
+
+    def __init__(self):
+        import gc
+
+        self.ms, self.count, self._t = 0.0, [0, 0, 0], 0.0
+
+        def cb(phase, info):
+            if phase == "start":
+                self._t = time.perf_counter()
+            else:
+                self.ms += (time.perf_counter() - self._t) * 1e3
+                self.count[info["generation"]] += 1
+
+        self._cb = cb
+        gc.callbacks.append(cb)
+
+    def stop(self) -> None:
+        import gc
+
+        gc.callbacks.remove(self._cb)
+
+
 def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False) -> dict:
     """Median wall time of steady-state engine steps with b decoding requests, and the
     target forward alone (its CUDA graph replayed, CUDA events)."""
@@ -138,8 +162,8 @@ def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False) -> dict
     # the device (with any wait for the host in it). Timing from a synchronized start instead
     # adds, to every step, the host preparation of the first one, which nothing overlaps
     # (`step_ms_from_sync`, kept for comparison: ~host_launch_ms / steps more).
-    host = _HostClock(eng.runner)
-    spans = []
+    host, gcc = _HostClock(eng.runner), _GcClock()
+    spans, spans_sync = [], []
     t0 = time.perf_counter()
     for _ in range(steps):
         eng.step()
@@ -150,11 +174,15 @@ def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False) -> dict
     t1 = time.perf_counter()
     for _ in range(steps):
         eng.step()
+        spans_sync.append(eng.runner.last_step_time * 1e3)
     torch.cuda.synchronize()
+    gcc.stop()
     out = {"step_ms": wall, "overlap": eng.config.overlap,
            "step_ms_from_sync": (time.perf_counter() - t1) / steps * 1e3,
            # the engine's own CUDA-event span of each step (what `auto` sees), median
            "event_step_ms": sorted(spans)[len(spans) // 2],
+           "event_spans_ms": [[round(x, 3) for x in spans], [round(x, 3) for x in spans_sync]],
+           "gc_ms": gcc.ms, "gc_collections": gcc.count,
            # Host time per step spent enqueueing (`launch`) and waiting for the device
            # (inside `collect`): a step whose host time outside the wait is about the step
            # time is host-bound.
@@ -204,7 +232,11 @@ def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False) -> dict
     return out
 
 
-def generate_tok_s(llm: LLM, b: int, out_len: int = 256) -> dict:
+def generate_tok_s(llm: LLM, b: int, out_len: int = 256, repeats: int = 1) -> dict:
+    """`LLM.generate` of b prompts, `repeats` times in a row (different prompts): output tokens
+    over wall time. With simulated acceptance one 256-token request's steps vary by several
+    percent with the draws (86 to 94 steps for chain 3 in this session's runs): b = 1 is
+    measured over several requests."""
     sp = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)
     llm.generate(prompts(1, seed=99), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     torch.cuda.synchronize()
@@ -219,17 +251,22 @@ def generate_tok_s(llm: LLM, b: int, out_len: int = 256) -> dict:
             times.append(time.perf_counter() - t)
 
     eng.step = timed_step
+    n, dt, per_run = 0, 0.0, []
     try:
-        t0 = time.perf_counter()
-        outs = llm.generate(prompts(b, seed=7), sp)
-        torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts(b, seed=7 + r), sp)
+            torch.cuda.synchronize()
+            t = time.perf_counter() - t0
+            k = sum(len(o.token_ids) for o in outs)
+            per_run.append(round(k / t, 1))
+            n, dt = n + k, dt + t
     finally:
         del eng.step
-    n = sum(len(o.token_ids) for o in outs)
     st = llm.stats()
     ms = sorted(t * 1e3 for t in times)
-    return {"batch": b, "output_tokens": n, "seconds": dt, "tok_s": n / dt, "accept_length": st["accept_length"],
+    return {"batch": b, "repeats": repeats, "output_tokens": n, "seconds": dt, "tok_s": n / dt, "tok_s_per_run": per_run,
+            "accept_length": st["accept_length"],
             "engine_steps": len(times), "in_steps_s": sum(times), "median_step_ms": ms[len(ms) // 2] if ms else None,
             "first_steps_ms": [round(t * 1e3, 2) for t in times[:4]], "slowest_steps_ms": [round(t, 2) for t in ms[-6:]]}
 
@@ -273,13 +310,13 @@ def main(argv=None) -> int:
                 res["steps"][f"{config}:b{b}"] = r
                 print(f"[{config}] b={b} q={q}: {r}", flush=True)
         if config == "off" and "generate" not in skip:
-            res["generate_b1_off"] = generate_tok_s(llm, 1)
+            res["generate_b1_off"] = generate_tok_s(llm, 1, repeats=4)
             print("generate b=1 off:", res["generate_b1_off"], flush=True)
         if config == "off" and "throughput" not in skip:
             res["throughput_b256_off"] = generate_tok_s(llm, 256)
             print("throughput b=256 off:", res["throughput_b256_off"], flush=True)
         if config == "chain3" and "generate" not in skip:
-            res["generate_b1_chain3"] = generate_tok_s(llm, 1)
+            res["generate_b1_chain3"] = generate_tok_s(llm, 1, repeats=4)
             print("generate b=1 chain3:", res["generate_b1_chain3"], flush=True)
         del llm, g
         gc.collect()   # the engine holds reference cycles: free its KV cache before the next one
