@@ -147,7 +147,7 @@ class _GcClock:
         gc.callbacks.remove(self._cb)
 
 
-def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False) -> dict:
+def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False, warmup: int = 20) -> dict:
     """Median wall time of steady-state engine steps with b decoding requests, and the
     target forward alone (its CUDA graph replayed, CUDA events)."""
     eng = llm.engine
@@ -155,7 +155,9 @@ def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False) -> dict
         eng.add_request(f"st{b}-{i}", p, SamplingParams(max_tokens=1024, temperature=0.0, ignore_eos=True))
     while any(r.num_computed < len(r.prompt_token_ids) for r in eng.scheduler.running) or eng.scheduler.waiting:
         eng.step()
-    for _ in range(4):
+    # Past the first steps of a new batch: their spans fall for a dozen steps (12.1 to 11.2 ms
+    # for chain 3 at b=64 in run 7 of 2026-12-01b) before they settle.
+    for _ in range(warmup):
         eng.step()
     # Steady state, pipelined as the engine runs. With overlap, each `step()` returns once the
     # previous step's device work is done, so the time between returns is a step's time on
