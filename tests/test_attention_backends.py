@@ -428,6 +428,56 @@ def test_choose_block_q():
         choose_block_q(0, 4)
 
 
+@pytest.mark.parametrize("n", range(1, 10))
+def test_staged_tables_start_16_byte_aligned(n):
+    """Every per-request and per-program table a kernel receives starts on a 16-byte boundary
+    whatever the batch size: Triton specializes kernels on pointer alignment, and a table at
+    4 * n bytes compiled a new variant for each n mod 4 while serving."""
+    from adaspec.engine.input_batch import Staging, stage_forward
+    from adaspec.layers.attention import get_backend
+
+    stg = Staging(1 << 16, torch.device("cpu"))
+    stg.begin()
+    stg.add(np.zeros(3, np.uint8), torch.uint8)   # whatever came before
+    table = torch.zeros(n + 1, 8, dtype=torch.int32)
+    meta, _, _ = stage_forward(stg, get_backend("torch"), table, 4, 1, q_lens=[3] * n, ctx_len=[7] * n,
+                               kv_start=[0] * n, req_row=list(range(n)), positions=np.arange(3 * n) % 7,
+                               cache_index=np.arange(3 * n) % 7, slots=[-1] * (3 * n))
+    base = stg.dev.data_ptr()
+    for name in ("positions", "cache_index", "slot_mapping", "query_start", "ctx_len", "kv_start", "req_row",
+                 "mask_start", "mask_offset", "mask", "prog_req", "prog_q0"):
+        t = getattr(meta, name)
+        assert (t.data_ptr() - base) % 16 == 0, (name, n)
+    assert meta.ctx_len.tolist() == [7] * n and meta.req_row.tolist() == list(range(n))
+    assert len(meta.prog_req) == len(meta.prog_q0) == 3 * n   # block_q 1 (torch backend): a program per row
+
+
+def test_warm_up_launches_every_variant(monkeypatch):
+    """The Triton warm-up launches each block_q up to the cap, with and without split-KV, for
+    each window, and touches no cache entry."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("runs the interpreter on CPU; the GPU tests cover the device")
+    from adaspec.layers.attention import triton_kernels as tk
+
+    seen = []
+    real = tk.triton_paged_attention
+
+    def record(q, k, v, meta, scale, window=None, **kw):
+        seen.append((meta.block_q, kw["num_splits"], window))
+        return real(q, k, v, meta, scale, window, **kw)
+
+    monkeypatch.setattr(tk, "triton_paged_attention", record)
+    k = torch.randn(64, 2, 16)
+    v = torch.randn(64, 2, 16)
+    k0, v0 = k.clone(), v.clone()
+    n = tk.warm_up(8, k, v, torch.zeros(3, 4, dtype=torch.int32), 16, torch.float32, {None, 32})
+    cap = tk.choose_block_q(1 << 20, 4)
+    want = {(bq, s, w) for bq in (1, 2, 4, 8, 16) if bq <= cap for s in (1, 2) for w in (None, 32)}
+    assert set(seen) == want and n == len(want) == len(seen)
+    assert torch.equal(k, k0) and torch.equal(v, v0)
+
+
 def test_choose_num_splits():
     pytest.importorskip("triton")
     from adaspec.layers.attention.triton_kernels import choose_num_splits

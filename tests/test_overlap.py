@@ -211,6 +211,11 @@ def test_shift_kernels_equal_torch_ops(monkeypatch):
         assert torch.equal(a, b), (a, b)
     assert not torch.equal(out["torch"][0], torch.as_tensor(pos0))   # the shift did something
     assert (out["torch"][2] == -1).tolist() == (slots0 == -1).tolist()
+    # The start-up warm-up launches both kernels and changes no engine state.
+    _shift_path("triton", monkeypatch)
+    lc = last_count.clone()
+    assert kernels.__module__ == shift_kernels.__name__ and shift_kernels.warm_up(last_count, table, bs)
+    assert torch.equal(last_count, lc)
 
 
 @pytest.mark.parametrize("policy", ["chain3", "tree"])

@@ -1,12 +1,16 @@
 """CUDA graphs of the drafters (K greedy chain steps; tree drafting with selection, per tree
 shape) and of the target forward for uniform batches (every request has the same number of
 query rows q): decode (q = 1) and verification (q = k + 1 for chains, N for trees), at
-batch-size buckets up to `max_num_seqs`. One memory pool is shared by all graphs (captured
-largest first). A batch between buckets is padded with requests that have no keys and
-write no KV. Anything else (prefill, mixed steps, shapes over the token cap) runs eagerly.
+batch-size buckets up to `max_num_seqs`; after each target graph, a post graph per draft depth
+(LM head on the verify rows, greedy or simulated verification, tree-KV move, draft refresh).
+One memory pool is shared by all graphs (captured largest first). A batch between buckets is
+padded with requests that have no keys and write no KV (their blocks map to the runner's
+scratch block). Anything else (prefill, mixed steps, shapes over the token cap, sampled
+verification) runs eagerly.
 
 Capture reuses the runner's own staging: the target forward's metadata is always the first
-thing staged in a step, so a replayed graph reads the same addresses the step just filled.
+thing staged in a step, and the post inputs come right after it, so a replayed graph reads
+the same addresses the step just filled.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ One step (see `execute`):
              is uniform: every request has the same number of query rows)
   4. verify  batched on the device (greedy, rejection sampling, simulated acceptance)
   5. commit  accepted tree KV moved into place, the draft KV refreshed for every request
+             (4 and 5 replay as one "post" CUDA graph after a target graph, `_post`)
   6. read    ONE device->host copy of the emitted tokens, queued; `collect` waits for it
 
 `launch` enqueues steps 1-6 and returns; `collect` waits and builds the StepResults. Between
@@ -24,6 +25,7 @@ verify batches stay uniform and graph-friendly.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -40,6 +42,7 @@ from adaspec.spec_decode import verifier
 from adaspec.spec_decode.drafter import TreeDrafter
 
 CPU_DEFAULT_KV_BYTES = 128 * 2**20
+log = logging.getLogger("adaspec")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -164,6 +167,31 @@ class ModelRunner:
             from adaspec.engine.cuda_graph import CudaGraphs
             self.graphs = CudaGraphs(self)
             self.graphs.capture_all()
+        if self.device.type == "cuda":
+            self._warm_up_kernels()
+
+    def _warm_up_kernels(self) -> None:
+        """Compile the attention variants eager steps (prefill, mixed batches) can launch, and
+        the shift kernels, now rather than at their first use while serving. A failure here
+        costs only those stalls."""
+        t0 = time.perf_counter()
+        heads = [(self.spec.num_heads, self.kv_caches[0], self.dtype, set(self.spec.sliding_windows))]
+        if self.draft is not None:
+            ds = self.draft.spec
+            heads.append((ds.num_heads, self.draft_cache[0], self.dtype, {None}))
+        n = 0
+        try:
+            for num_heads, cache, dtype, windows in heads:
+                n += self.backend.warm_up(num_heads, cache, self.rows.block_table, self.block_size, dtype, windows)
+            if self.draft is not None:   # the in-flight shift of speculative steps
+                from adaspec.engine import shift_kernels
+                n += 2 * shift_kernels.warm_up(self.rows.last_count, self.rows.block_table, self.block_size)
+            torch.cuda.synchronize()
+        except Exception as ex:  # an optimization: never a reason not to serve
+            log.warning("attention warm-up failed (%s); kernels compile at first use", ex)
+            return
+        if n:
+            log.info("attention kernels warmed up: %d launches in %.1f s", n, time.perf_counter() - t0)
 
     # ---- memory ---------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
@@ -480,7 +508,10 @@ class ModelRunner:
               "sim": stg.add(sim, torch.uint8) if sim is not None else None,
               "vsrc": stg.add(vsrc, torch.int64)}
         if refresh is not None:
-            pb["refresh"] = {"arr": stg.add(refresh["arr"], torch.int64), "last": stg.add(refresh["last"], torch.int64),
+            # One field per array, each 16-byte aligned: a kernel given a row of one [7, R] block
+            # (the positions, to the draft's rotary) would compile a variant per R mod 2.
+            pb["refresh"] = {"arr": [stg.add(a, torch.int64) for a in refresh["arr"]],
+                             "last": stg.add(refresh["last"], torch.int64),
                              "rows": stg.add(refresh["rows"], torch.int64), "meta": None}
         return pb
 
@@ -754,13 +785,12 @@ class ModelRunner:
     def _refresh_meta(self, stg, pb, refresh, reqs, shift) -> None:
         """Register the refresh entries of in-flight requests with the shift and, for draft
         heads of more than one layer, stage the attention metadata of the refresh forward."""
-        arr_d = pb["refresh"]["arr"]
+        dpos, dslot = pb["refresh"]["arr"][5:7]
         moved = refresh["moved"]
-        if shift is not None and moved:   # dpos is row 5 of arr, dslot (the slot of dpos + 1) row 6
-            R = refresh["arr"].shape[1]
+        if shift is not None and moved:   # dslot is the slot of dpos + 1
             idx = np.asarray(moved, dtype=np.int64)
-            shift.add(arr_d, 5 * R + idx, refresh["moved_rows"])
-            shift.add_slots(arr_d, 6 * R + idx, arr_d, 5 * R + idx, 1, refresh["moved_rows"])
+            shift.add(dpos, idx, refresh["moved_rows"])
+            shift.add_slots(dslot, idx, dpos, idx, 1, refresh["moved_rows"])
         if self.draft.num_layers > 1:
             # Layers above the first attend: each request's pairs form a causal run of rows at
             # cache indices p + 1 (rows past the accepted length write nothing and no valid
@@ -774,7 +804,7 @@ class ModelRunner:
                 positions=pos, cache_index=pos + 1, slots=refresh["arr"][6])
 
     def _run_refresh(self, refresh, aux, path, emitted, count) -> None:
-        base, dsel, vreq, emj, htok, dpos, dslot = refresh["arr"].t
+        base, dsel, vreq, emj, htok, dpos, dslot = (a.t for a in refresh["arr"])
         last, lastadd = refresh["last"].t
         row = base
         tok = htok

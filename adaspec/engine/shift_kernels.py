@@ -65,3 +65,15 @@ def shift_apply(dev: torch.Tensor, e64: torch.Tensor, e32: torch.Tensor, slots: 
         _shift_slots_kernel[(triton.cdiv(slots.shape[1], _BLOCK),)](
             v64, slots, slots.shape[1], block_table, block_table.stride(0), BLOCK_SIZE=block_size, BLOCK=_BLOCK)
     return True
+
+
+def warm_up(last_count: torch.Tensor, block_table: torch.Tensor, block_size: int) -> bool:
+    """Compile both kernels before serving (they first run in the first overlapped speculative
+    step otherwise): one launch each on a scratch buffer, with the engine's own `last_count`
+    and block table (the row registered is the last one, the padding row: delta 0)."""
+    dev = last_count.device
+    buf = torch.full((64,), 0xFF, dtype=torch.uint8, device=dev)   # int64 elements read -1
+    row = last_count.shape[0] - 1
+    e = torch.tensor([[0], [row]], dtype=torch.int64, device=dev)
+    slots = torch.tensor([[1], [2], [0], [row]], dtype=torch.int64, device=dev)
+    return shift_apply(buf, e, e, slots, last_count, block_table, block_size)

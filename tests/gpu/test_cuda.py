@@ -96,6 +96,32 @@ def test_cuda_post_graphs_equal_eager(models, monkeypatch):
             assert got[True] == got[False], (shape, sim)
 
 
+def test_cuda_no_kernel_compiles_while_serving(models):
+    """After start-up (graph capture and warm-up), prompts of new lengths in batches of new
+    sizes, with speculation, compile no Triton kernel variant: no JIT stall while serving."""
+    from adaspec.engine import shift_kernels
+    from adaspec.layers import fused_ops
+    from adaspec.layers.attention import triton_kernels as tk
+
+    kernels = [tk._paged_attn_kernel, tk._split_reduce_kernel, fused_ops._rms_norm_kernel,
+               fused_ops._silu_and_mul_kernel, fused_ops._rotary_qkv_store_kernel,
+               shift_kernels._shift_entries_kernel, shift_kernels._shift_slots_kernel]
+    if not all(hasattr(k, "device_caches") for k in kernels):
+        pytest.skip("this Triton keeps its kernel caches elsewhere")
+
+    def variants():
+        return sum(len(c[0]) for k in kernels for c in k.device_caches.values())
+
+    d, h = models["llama"]
+    llm = LLM(str(d), draft=str(h), speculation="always", num_steps=3, device="cuda", dtype="float32",
+              max_num_seqs=8)
+    before = variants()
+    for n, lens in ((1, [37]), (3, [5, 90, 13]), (5, [3, 7, 150, 21, 66]), (7, [9] * 7)):
+        prompts = [[(3 * i + 5 * j) % 300 + 3 for j in range(m)] for i, m in enumerate(lens)]
+        llm.generate(prompts, SamplingParams(max_tokens=12 + n, temperature=0.0, ignore_eos=True))
+    assert variants() == before
+
+
 def test_cuda_matches_transformers(models):
     """Greedy tokens with graphs on equal transformers' own generate on the same GPU (fp32)."""
     from transformers import AutoModelForCausalLM

@@ -35,6 +35,11 @@ class AttentionBackend(abc.ABC):
         """Query rows per program of the launch plan (only the Triton backend uses it)."""
         return 1
 
+    def warm_up(self, num_heads: int, kv_cache: tuple, block_table, block_size: int, dtype, windows) -> int:
+        """Compile what a forward of this layout can launch, before serving (JIT backends);
+        returns the number of launches."""
+        return 0
+
 
 class TorchBackend(AttentionBackend):
     """CPU reference (also runs on CUDA): gathers pages and calls SDPA with an explicit mask."""
@@ -58,6 +63,10 @@ class TritonBackend(AttentionBackend):
     def block_q(self, max_q_len: int, group: int, num_reqs: int | None = None) -> int:
         from adaspec.layers.attention.triton_kernels import choose_block_q
         return choose_block_q(max_q_len, group, num_reqs)
+
+    def warm_up(self, num_heads, kv_cache, block_table, block_size, dtype, windows) -> int:
+        from adaspec.layers.attention.triton_kernels import warm_up
+        return warm_up(num_heads, kv_cache[0], kv_cache[1], block_table, block_size, dtype, windows)
 
 
 ATTENTION_BACKENDS = {"torch": TorchBackend, "triton": TritonBackend}

@@ -308,6 +308,42 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
+def warm_up(num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+            block_size: int, dtype: torch.dtype, windows) -> int:
+    """Compile (or load from Triton's disk cache) every variant of the attention kernels that a
+    forward of this layout can launch: each block_q up to the cap, with and without split-KV,
+    for each window in `windows` (None: full attention). Without it, the first prefill of a
+    new shape compiles its variant in the middle of serving (0.4-0.7 s stalls on an H200).
+    Call it with the caches and block table the engine uses (Triton specializes on their
+    strides). Returns the number of launches; nothing is read or written in the caches."""
+    dev = k_cache.device
+    Hkv, D = k_cache.shape[1], k_cache.shape[2]
+    G = num_heads // Hkv
+    cap = choose_block_q(1 << 20, G)
+    i32 = functools.partial(torch.zeros, dtype=torch.int32, device=dev)
+    launches = 0
+    bq = 1
+    while bq <= cap:
+        T = bq   # one request of bq rows, no keys: a launch that computes nothing
+        qkv = torch.zeros(T, (num_heads + 2 * Hkv) * D, dtype=dtype, device=dev)   # q is a view, as in the model
+        q = qkv[:, : num_heads * D].view(T, num_heads, D)
+        qs = i32(8)
+        qs[1:] = T
+        meta = AttnMeta(
+            positions=torch.zeros(T, dtype=torch.int64, device=dev), cache_index=i32(T),
+            slot_mapping=torch.full((T,), -1, dtype=torch.int64, device=dev), query_start=qs[:2],
+            ctx_len=i32(4)[:1], kv_start=i32(4)[:1], req_row=i32(4)[:1], mask_start=i32(4)[:1],
+            mask_offset=i32(4)[:1], block_table=block_table, mask=torch.zeros(16, dtype=torch.uint8, device=dev),
+            prog_req=i32(4)[:1], prog_q0=i32(4)[:1], block_q=bq, block_size=block_size, max_q_len=T,
+            max_ctx_len=0)
+        for window in windows:
+            for splits in (1, 2):
+                triton_paged_attention(q, k_cache, v_cache, meta, 1.0, window, num_splits=splits)
+                launches += 1
+        bq *= 2
+    return launches
+
+
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      stride_kt, stride_kh, stride_vt, stride_vh, stride_ct, stride_ch,
