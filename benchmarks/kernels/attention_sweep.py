@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from adaspec.layers.attention.meta import launch_plan
 from adaspec.layers.attention.triton_kernels import triton_paged_attention
-from bench_attention import D, HKV, HQ, build
+from bench_attention import D, HKV, HQ, build, capture
 
 SHAPES = [(1, 16), (16, 16), (1, 4), (16, 4), (1, 1), (16, 1), (64, 16)]
 BLOCK_Q = {1: [1], 4: [1, 4], 16: [4, 8, 16]}
@@ -31,15 +31,7 @@ BLOCK_Q = {1: [1], 4: [1, 4], 16: [4, 8, 16]}
 
 def graph_us(fn, n: int = 20) -> float:
     """Microseconds per call of fn, n calls captured in one CUDA graph, best of 5 replays."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
+    g = capture(lambda: [fn() for _ in range(n)])
     g.replay()
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

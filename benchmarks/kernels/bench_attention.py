@@ -87,17 +87,22 @@ def bench(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
-def bench_graph(fn) -> float:
-    """Median ms of fn() replayed from a CUDA graph (no Python, no launch gaps)."""
+def capture(fn) -> torch.cuda.CUDAGraph:
+    """fn() captured in a CUDA graph, after a warm-up on a side stream (as capture requires)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        fn()  # warm-up on a side stream, as capture requires
+        fn()
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return bench(graph.replay)
+    return graph
+
+
+def bench_graph(fn) -> float:
+    """Median ms of fn() replayed from a CUDA graph (no Python, no launch gaps)."""
+    return bench(capture(fn).replay)
 
 
 def run_case(kind: str, b: int, ctx: int, q: int, dtype) -> dict:
