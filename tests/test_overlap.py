@@ -166,6 +166,7 @@ def test_shift_moves_slots_with_cache_index(path, monkeypatch):
     assert meta.cache_index.tolist() == [8, 14, 15]
     assert meta.slot_mapping.tolist() == [slot(8), slot(14), -1]
     assert meta.ctx_len.tolist() == [16]
+    assert meta.mask_start.tolist() == [16]   # (no tree: the mask starts at the context end, and moves with it)
 
 
 def test_shift_kernels_equal_torch_ops(monkeypatch):
