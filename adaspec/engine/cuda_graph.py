@@ -34,6 +34,20 @@ def batch_buckets(max_bs: int) -> list[int]:
     return sorted({b for b in sizes if b <= max_bs} | {max_bs})
 
 
+def record(fn, pool=None):
+    """(graph, output) of `fn` captured in a CUDA graph (into `pool` if given), after one
+    warm-up run on a side stream (allocator and kernel caches settle outside the capture)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool):
+        out = fn()
+    return g, out
+
+
 class _Graph:
     """A captured target forward up to the final hidden states. The LM head runs outside,
     on the rows that sample only: vocabulary-wide logits as a graph output would be a
@@ -206,17 +220,8 @@ class CudaGraphs:
         return self.draft_graphs.get((self.bucket(B), K))
 
     def _record(self, fn):
-        """(graph, output) of `fn` captured into the shared pool, after one warm-up run on a
-        side stream (allocator and kernel caches settle outside the capture)."""
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool):
-            out = fn()
-        return g, out
+        """(graph, output) of `fn` captured into the shared pool."""
+        return record(fn, self.pool)
 
     def _draft_inputs(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Static inputs of the drafter graphs (a hidden state and a token per request),

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from adaspec.engine.cuda_graph import record
 from adaspec.layers.attention.meta import AttnMeta, launch_plan
 from adaspec.layers.attention.torch_ref import torch_paged_attention
 from adaspec.layers.attention.triton_kernels import choose_block_q, choose_num_splits, triton_paged_attention
@@ -88,16 +89,8 @@ def bench(fn) -> float:
 
 
 def capture(fn) -> torch.cuda.CUDAGraph:
-    """fn() captured in a CUDA graph, after a warm-up on a side stream (as capture requires)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
+    """fn() captured in a CUDA graph, as the engine captures its own (warm-up first)."""
+    return record(fn)[0]
 
 
 def bench_graph(fn) -> float:
