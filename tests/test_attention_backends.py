@@ -433,7 +433,7 @@ def test_staged_tables_start_16_byte_aligned(n):
     """Every per-request and per-program table a kernel receives starts on a 16-byte boundary
     whatever the batch size: Triton specializes kernels on pointer alignment, and a table at
     4 * n bytes compiled a new variant for each n mod 4 while serving."""
-    from adaspec.engine.input_batch import Staging, stage_forward
+    from adaspec.device.staging import Staging, stage_forward
     from adaspec.layers.attention import get_backend
 
     stg = Staging(1 << 16, torch.device("cpu"))

@@ -36,7 +36,7 @@ def reference(agree_dir):
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_greedy_equal_with_and_without_overlap(agree_dir, trained_head, reference, policy, overlap, monkeypatch):
-    from adaspec.engine import input_batch
+    from adaspec.device import shift as input_batch
 
     shifted = []   # device-side shifts of steps planned while a speculative step ran
     apply = input_batch.Shift.apply
@@ -142,7 +142,8 @@ def test_shift_moves_slots_with_cache_index(path, monkeypatch):
     import torch
 
     _shift_path(path, monkeypatch)
-    from adaspec.engine.input_batch import Shift, Staging, stage_forward
+    from adaspec.device.shift import Shift
+    from adaspec.device.staging import Staging, stage_forward
     from adaspec.layers.attention import get_backend
 
     bs = 4
@@ -175,7 +176,8 @@ def test_shift_kernels_equal_torch_ops(monkeypatch):
     import numpy as np
     import torch
 
-    from adaspec.engine.input_batch import Shift, Staging
+    from adaspec.device.shift import Shift
+    from adaspec.device.staging import Staging
 
     _shift_path("triton", monkeypatch)
     rng = np.random.default_rng(3)
@@ -188,7 +190,7 @@ def test_shift_kernels_equal_torch_ops(monkeypatch):
     r64 = rng.integers(0, rows, 43)
     r32 = rng.integers(0, rows, 30)
     pidx, off, rs = rng.integers(0, 40, 25), rng.integers(0, 2, 25), rng.integers(0, rows, 25)
-    from adaspec.engine import shift_kernels
+    from adaspec.device import shift_kernels
 
     ran = []
     kernels = shift_kernels.shift_apply

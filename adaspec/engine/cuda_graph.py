@@ -21,7 +21,7 @@ import time
 import numpy as np
 import torch
 
-from adaspec.engine.input_batch import stage_forward
+from adaspec.device.staging import stage_forward
 from adaspec.layers.attention import ForwardContext, forward_context
 
 log = logging.getLogger("adaspec")

@@ -17,7 +17,6 @@ import itertools
 import logging
 import time
 from collections import Counter
-from pathlib import Path
 
 from adaspec.config import EngineConfig
 from adaspec.engine.detokenizer import Detokenizer
@@ -28,29 +27,9 @@ from adaspec.engine.scheduler import Scheduler, StepPlan, StepResult
 from adaspec.models.registry import generation_defaults
 from adaspec.sampling import SamplingParams, make_generator
 from adaspec.spec_decode.policy import StepFeedback, make_policy
+from adaspec.tokenization import load_tokenizer, tokenize
 
 log = logging.getLogger("adaspec")
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
-
-
-def load_tokenizer(path: str | None):
-    if path is None or not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
-def tokenize(tokenizer, prompt: str | list[int]) -> list[int]:
-    if isinstance(prompt, str):
-        if tokenizer is None:
-            raise ValueError("text prompt given but the model directory has no tokenizer; pass token ids")
-        return tokenizer.encode(prompt)
-    if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        raise ValueError("prompt must be a string or a list of integer token ids")
-    return list(prompt)
-
 
 def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vocab_size: int,
                   max_model_len: int) -> list[int]:
@@ -105,7 +84,7 @@ class Engine:
         self.stalled_since: float | None = None
         self.inflight = None    # the launched step not yet collected (overlap)
         if self.runner.draft is not None and hasattr(self.policy, "warm_up"):
-            from adaspec.spec_decode.profile import profile_step_times
+            from adaspec.engine.profile import profile_step_times
             self.policy.warm_up(lambda shapes: profile_step_times(self, shapes))
 
     @staticmethod

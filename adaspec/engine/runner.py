@@ -33,7 +33,9 @@ import numpy as np
 import torch
 
 from adaspec.config import EngineConfig
-from adaspec.engine.input_batch import DeviceRows, Shift, Staging, stage_forward
+from adaspec.device.shift import Shift
+from adaspec.device.staging import Staging, stage_forward
+from adaspec.engine.device_rows import DeviceRows
 from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.layers.attention import ForwardContext, forward_context, get_backend
 from adaspec.models.loader import load_model
@@ -138,7 +140,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.max_draft = max(spc.num_steps, spc.resolved_num_draft_tokens) if self.draft is not None else 0
         # A step planned before the previous one was read back may sit up to max_draft
-        # positions further than planned (see input_batch.Shift): room for both.
+        # positions further than planned (see device.shift.Shift): room for both.
         max_pos = max_model_len + 2 * self.max_draft + 2
         self.model.prepare_rotary(max_pos, self.device)
         if self.draft is not None:
@@ -184,7 +186,7 @@ class ModelRunner:
             for num_heads, cache, dtype, windows in heads:
                 n += self.backend.warm_up(num_heads, cache, self.rows.block_table, self.block_size, dtype, windows)
             if self.draft is not None:   # the in-flight shift of speculative steps
-                from adaspec.engine import shift_kernels
+                from adaspec.device import shift_kernels
                 n += 2 * shift_kernels.warm_up(self.rows.last_count, self.rows.block_table, self.block_size)
             torch.cuda.synchronize()
         except Exception as ex:  # an optimization: never a reason not to serve
@@ -222,7 +224,7 @@ class ModelRunner:
 
     def plans_ahead(self, plan: StepPlan) -> bool:
         """True when the next step can be planned and launched while `plan` runs. Positions of
-        the next step are shifted on the device by what `plan` emitted (input_batch.Shift);
+        the next step are shifted on the device by what `plan` emitted (device.shift.Shift);
         a multi-layer draft head's refresh forward is not shifted, so its speculative steps
         are waited for."""
         return not (plan.speculative and self.draft is not None and self.draft.num_layers > 1)
@@ -296,7 +298,7 @@ class ModelRunner:
         D = max(sched[i].draft.num_steps for i in spec) if tree_mode else N - 1
 
         # Requests whose previous step is in flight and may have emitted more than one token:
-        # their positions are corrected on the device (input_batch.Shift).
+        # their positions are corrected on the device (device.shift.Shift).
         shifted = [i for i, s in enumerate(sched) if s.req.pending] if self.prev_speculative else []
         slack = self.max_draft if shifted else 0
 

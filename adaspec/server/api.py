@@ -60,7 +60,7 @@ from adaspec.sampling import SamplingParams
 from adaspec.server.async_engine import AsyncEngine, EngineError, RequestStream
 from adaspec.server.guard import RequestGuard
 from adaspec.server.metrics import ServerMetrics
-from adaspec.server.prompts import encode_chat, encode_text, has_chat_template
+from adaspec.tokenization import encode_chat, encode_text, has_chat_template
 from adaspec.server.protocol import (APIError, ChatCompletionRequest, ChatMessage, CompletionRequest,
                                      StreamOptions, TextPart)
 

@@ -161,7 +161,7 @@ def build_generate_parser() -> argparse.ArgumentParser:
 
 def generate_main(argv: list[str]) -> int:
     from adaspec.sampling import SamplingParams
-    from adaspec.server.prompts import encode_chat, encode_text
+    from adaspec.tokenization import encode_chat, encode_text
 
     p = build_generate_parser()
     args = p.parse_args(argv)

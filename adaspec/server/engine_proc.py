@@ -51,7 +51,7 @@ class EngineProcess:
     """An `Engine` running in a child process (spawned, so CUDA starts only there)."""
 
     def __init__(self, cfg: EngineConfig):
-        from adaspec.engine.engine import load_tokenizer
+        from adaspec.tokenization import load_tokenizer
 
         self.config = cfg
         ctx = mp.get_context("spawn")

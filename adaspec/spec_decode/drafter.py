@@ -22,7 +22,7 @@ scored -inf, its deeper queries write no KV, and the nodes past its own `num_dra
 are padding (parent -1, masked to the root only, never accepted).
 
 The staged metadata is relative to n, so a request whose previous step is still in flight
-is corrected on the device like every other forward (`input_batch.Shift`), and tree steps
+is corrected on the device like every other forward (`device.shift.Shift`), and tree steps
 overlap like chain steps.
 """
 from __future__ import annotations
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from adaspec.engine.input_batch import Shift, Staging, stage_forward
+from adaspec.device.shift import Shift
+from adaspec.device.staging import Staging, stage_forward
 from adaspec.layers.attention import ForwardContext, forward_context
 
 

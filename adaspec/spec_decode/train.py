@@ -207,7 +207,7 @@ def prompt_of_record(rec: dict) -> tuple[str | list[dict], bool]:
 
 def _prompts_and_windows(cfg: TrainConfig, tokenizer, gen: torch.Generator) -> tuple[list[list[int]], list[list[int]]]:
     """(prompts to continue, windows kept as they are) from cfg.data, at most num_sequences."""
-    from adaspec.server.prompts import encode_chat, encode_text, has_chat_template
+    from adaspec.tokenization import encode_chat, encode_text, has_chat_template
 
     texts, jsonls = _data_files(cfg.data)
     prompts: list[list[int]] = []
@@ -512,7 +512,7 @@ def train_eagle3_head(target_dir: str | Path, out_dir: str | Path, *, num_thread
 
 
 def _train(target_dir: Path, out_dir: Path, cfg: TrainConfig) -> dict:
-    from adaspec.engine.engine import load_tokenizer
+    from adaspec.tokenization import load_tokenizer
     from adaspec.models.registry import parse_model_spec
     from adaspec.spec_decode.eagle3 import load_eagle3
     from adaspec.testing import make_eagle3_head

@@ -23,7 +23,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from adaspec.engine import shift_kernels  # noqa: E402
+from adaspec.device import shift_kernels  # noqa: E402
 from adaspec.layers import fused_ops  # noqa: E402
 from adaspec.layers.attention import triton_kernels as tk  # noqa: E402
 

@@ -99,7 +99,7 @@ def test_cuda_post_graphs_equal_eager(models, monkeypatch):
 def test_cuda_no_kernel_compiles_while_serving(models):
     """After start-up (graph capture and warm-up), prompts of new lengths in batches of new
     sizes, with speculation, compile no Triton kernel variant: no JIT stall while serving."""
-    from adaspec.engine import shift_kernels
+    from adaspec.device import shift_kernels
     from adaspec.layers import fused_ops
     from adaspec.layers.attention import triton_kernels as tk
 

@@ -1,4 +1,4 @@
-"""Triton kernels of `input_batch.Shift.apply` (CUDA): the in-flight position shift in two
+"""Triton kernels of `device.shift.Shift.apply` (CUDA): the in-flight position shift in two
 launches instead of about fifteen PyTorch ops per staging buffer (indexing, casts, clones: a
 launch each, host time and a device gap each, every overlapped speculative step).
 

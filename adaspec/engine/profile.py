@@ -1,6 +1,6 @@
 """Start-up profile for the `auto` policy: time real decode steps of synthetic requests at a
 few batch sizes and draft depths, so the policy's cost table is not empty at the first
-request. It uses the engine's own scheduler-free pieces (KV manager, runner) and gives every
+request. It drives the KV manager and the runner directly (no scheduler) and gives every
 block back before returning.
 """
 from __future__ import annotations
@@ -40,7 +40,8 @@ def profile_step_times(engine, shapes: list[DraftShape | None], max_batch: int |
             prompt = torch.randint(0, vocab, (PROFILE_PROMPT_LEN,), generator=g).tolist()
             r = Request(f"__profile{i}", prompt, params, set())
             r.status = Status.RUNNING   # owns a device row while profiling
-            assert kv.reserve(r, per_req)
+            if not kv.reserve(r, per_req):   # `limit` says it fits; never inside an assert (-O)
+                raise RuntimeError(f"profiling could not reserve {per_req} tokens of KV")
             reqs.append(r)
         # Prefill in chunks that respect the step budget, then append one "emitted" token.
         chunk = max(1, engine.config.scheduler.max_num_batched_tokens // PROFILE_PROMPT_LEN)

@@ -1,4 +1,5 @@
-"""Prompt encoding shared by the HTTP API and `adaspec generate`, so both see the same tokens.
+"""Tokenizers and prompts: what the engine, the HTTP API, `adaspec generate` and the trainer
+share, so that all of them see the same tokens.
 
   * Text prompts are encoded WITH the tokenizer's special tokens (a BOS where the tokenizer's
     post-processor adds one), as Hugging Face and OpenAI-compatible servers do for completions.
@@ -6,6 +7,29 @@
     and encoded WITHOUT special tokens, because the template already writes them.
 """
 from __future__ import annotations
+
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def load_tokenizer(path: str | None):
+    if path is None or not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def tokenize(tokenizer, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("text prompt given but the model directory has no tokenizer; pass token ids")
+        return tokenizer.encode(prompt)
+    if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        raise ValueError("prompt must be a string or a list of integer token ids")
+    return list(prompt)
+
 
 
 def encode_text(tokenizer, text: str) -> list[int]:

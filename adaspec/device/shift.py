@@ -1,0 +1,76 @@
+"""Overlap corrections: staged metadata shifted on the device by what the step in flight emitted.
+
+With overlap, step N+1 is staged before step N's output is read back, as if N emitted one
+token per request. `Shift` records which staged entries depend on that count; `apply` adds
+`last_count[row] - 1` to each on the device and recomputes the registered slots, in two Triton
+launches on CUDA (`shift_kernels`) or a few PyTorch ops elsewhere.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from adaspec.device import shift_kernels
+from adaspec.device.staging import _ELEMENT_SIZE, Staging, _Ref
+
+
+class Shift:
+    """Staged metadata that depends on how many tokens the previous step emitted, for requests
+    whose previous step is still in flight (overlap). The host stages as if that step emitted
+    one token; `apply` then adds `last_count[row] - 1` on the device to each registered
+    position-like entry and recomputes the registered slots from the shifted positions.
+
+    Entries are addressed inside one staging buffer (every field lives in `stg.dev`), so the
+    correction is a handful of device ops whatever the number of fields and draft steps."""
+
+    def __init__(self, stg: Staging):
+        self.stg = stg
+        self.i64: list[np.ndarray] = []    # (element index in the int64 view, device row)
+        self.i32: list[np.ndarray] = []    # the same, int32 view
+        self.slots: list[np.ndarray] = []  # (slot element, position element, offset, device row)
+
+    @staticmethod
+    def _elements(ref: "_Ref", idx) -> np.ndarray:
+        size = _ELEMENT_SIZE[ref.dtype]
+        return ref.start // size + np.asarray(idx, dtype=np.int64)
+
+    def add(self, ref: "_Ref", idx, rows) -> None:
+        """Shift elements `idx` (flat, of `ref`) by the delta of device rows `rows`."""
+        if len(idx):
+            pair = np.stack([self._elements(ref, idx), np.asarray(rows, dtype=np.int64)])
+            (self.i64 if ref.dtype == torch.int64 else self.i32).append(pair)
+
+    def add_slots(self, slot_ref: "_Ref", idx, pos_ref: "_Ref", pos_idx, offset, rows) -> None:
+        """Recompute slots `idx` of `slot_ref` as the slot of cache index pos_ref[pos_idx] +
+        offset (after the shift; `offset` an int or one per slot), where they are not -1."""
+        if len(idx):
+            n = len(idx)
+            self.slots.append(np.stack([self._elements(slot_ref, idx), self._elements(pos_ref, pos_idx),
+                                        np.broadcast_to(np.asarray(offset, np.int64), (n,)),
+                                        np.asarray(rows, dtype=np.int64)]))
+
+    def __bool__(self) -> bool:
+        return bool(self.i64 or self.i32 or self.slots)
+
+    def stage(self, into: Staging) -> dict:
+        """Stage the index arrays (into the step's buffer); returns handles for `apply`."""
+        cat = (lambda parts, k: np.concatenate(parts, axis=1) if parts else np.zeros((k, 0), np.int64))
+        return {"i64": into.add(cat(self.i64, 2), torch.int64), "i32": into.add(cat(self.i32, 2), torch.int64),
+                "slots": into.add(cat(self.slots, 4), torch.int64)}
+
+    def apply(self, staged: dict, last_count: torch.Tensor, block_table: torch.Tensor, block_size: int) -> None:
+        dev = self.stg.dev
+        if shift_kernels.shift_apply(dev, staged["i64"].t, staged["i32"].t, staged["slots"].t, last_count, block_table,
+                       block_size):
+            return
+        v64, v32 = dev.view(torch.int64), dev.view(torch.int32)
+        # (Index arrays live in a staging buffer too, so they are copied before writing.)
+        for key, view in (("i64", v64), ("i32", v32)):
+            el, rows = staged[key].t
+            if el.numel():
+                view.index_add_(0, el.clone(), (last_count[rows] - 1).to(view.dtype))
+        el, pos_el, off, rows = staged["slots"].t.clone()
+        if el.numel():
+            pos = v64[pos_el] + off
+            slot = block_table[rows, pos // block_size].long() * block_size + pos % block_size
+            v64[el] = torch.where(v64[el] >= 0, slot, v64[el])
