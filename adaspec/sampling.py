@@ -1,24 +1,39 @@
-"""Sampling parameters and the batched sampler.
+"""Sampling: what a user asks for (`SamplingParams`), the law it defines (`process_logits`) and
+the draws (`choose`). Pure functions of (logits, parameters, seeds, positions): no engine
+state, no generator objects.
 
-`SamplingParams` is what a user asks for; `Sampler` turns a batch of logits into tokens.
-Both are deliberately free of engine state: the sampler is a pure function of
-(logits, params, generators), which is what lets verification reuse it.
+The draws are counter-based: the noise that picks the token at position p of a request is a
+hash of (the request's seed, p, token id), turned into Exp(1) noise for the exponential race
+(argmax_x p(x) / E_x, an exact sample of p). So a seeded request draws the same token at the
+same position whatever shares its batch, however the step is laid out, and whether the token
+is drawn by a plain decode step or checked against a draft at depth d of a verify step:
+speculation, its draft length, batching and overlap do not change seeded output. (An EAGLE
+draft is deterministic, so accepting the draft child equal to the target's draw is exactly
+rejection sampling with a one-hot proposal: lossless, see `spec_decode.verifier`.) Requests
+without a seed get a random one when they arrive.
+
+Order of the transforms (vLLM's): temperature, min-p, top-k, top-p.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+
+# Below this temperature a request is greedy (as vLLM treats it): dividing by a tinier one
+# overflows float32 and turns the distribution into NaNs.
+GREEDY_EPS = 1e-5
 
 
 @dataclass
 class SamplingParams:
     """Per-request generation controls (OpenAI / vLLM meaning).
 
-    temperature 0 means greedy. top_k <= 0 (or -1) disables top-k; top_p 1.0 and min_p 0.0
-    disable those filters. `seed` makes a request's sampling reproducible regardless of what
-    else is in the batch. `speculate=False` opts the request out of speculation;
-    `max_draft_tokens` caps its draft budget.
+    temperature 0 (or below 1e-5) means greedy. top_k <= 0 (or -1) disables top-k; top_p 1.0
+    and min_p 0.0 disable those filters. `seed` makes a request's sampling reproducible
+    regardless of what else is in the batch and of speculation. `speculate=False` opts the
+    request out of speculation; `max_draft_tokens` caps its draft budget.
     """
 
     max_tokens: int = 16
@@ -58,95 +73,125 @@ class SamplingParams:
             raise ValueError("stop must be a non-empty string or a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_EPS or self.top_k == 1
 
 
-def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
-    """A per-request generator for seeded requests; None means 'use the engine's stream'."""
-    if seed is None:
-        return None
-    g = torch.Generator(device=device)
-    g.manual_seed(seed)
-    return g
+def random_seed(rng: np.random.Generator) -> int:
+    """A seed for a request that did not bring one (from the engine's own stream)."""
+    return int(rng.integers(0, 2**62))
 
 
-def _device_tensor(values: list, device: torch.device) -> torch.Tensor:
-    """A small per-request parameter tensor on `device` without waiting for the device (a
-    copy from pageable memory would wait for the stream, and so for the step in flight)."""
-    t = torch.tensor(values, pin_memory=device.type == "cuda")
-    return t.to(device, non_blocking=True)
+# ---- the law -------------------------------------------------------------------------------
+@dataclass
+class SamplingBatch:
+    """Per-row sampling parameters as device tensors (rows = the logits rows they apply to),
+    with host flags that skip the filters nobody in the batch uses."""
+
+    temperature: torch.Tensor   # [R] float32 (1.0 on greedy rows)
+    min_p: torch.Tensor         # [R] float32
+    top_k: torch.Tensor         # [R] int64 (<= 0: disabled)
+    top_p: torch.Tensor         # [R] float32
+    seed: torch.Tensor          # [R] int64
+    greedy: torch.Tensor        # [R] bool
+    use_min_p: bool = False
+    use_top_k: bool = False
+    use_top_p: bool = False
+
+    @classmethod
+    def host_arrays(cls, params: list[SamplingParams], seeds: list[int]) -> dict:
+        """The batch's fields as numpy arrays (to stage in the step's one host->device copy)."""
+        return {"temperature": np.array([1.0 if p.greedy else p.temperature for p in params], np.float32),
+                "min_p": np.array([p.min_p for p in params], np.float32),
+                "top_k": np.array([p.top_k for p in params], np.int64),
+                "top_p": np.array([p.top_p for p in params], np.float32),
+                "seed": np.array(seeds, np.int64),
+                "greedy": np.array([p.greedy for p in params], np.uint8)}
+
+    @classmethod
+    def of(cls, params: list[SamplingParams], seeds: list[int], device: torch.device,
+           tensors: dict | None = None) -> "SamplingBatch":
+        """From the requests' params; `tensors` = the host arrays already on the device
+        (staged), else they are copied here."""
+        if tensors is None:
+            tensors = {k: torch.as_tensor(v).to(device) for k, v in cls.host_arrays(params, seeds).items()}
+        sampled = [p for p in params if not p.greedy]
+        return cls(tensors["temperature"], tensors["min_p"], tensors["top_k"], tensors["top_p"], tensors["seed"],
+                   tensors["greedy"].bool(), use_min_p=any(p.min_p > 0 for p in sampled),
+                   use_top_k=any(p.top_k > 0 for p in sampled), use_top_p=any(p.top_p < 1 for p in sampled))
+
+    def repeat(self, n: int) -> "SamplingBatch":
+        """Each row repeated n times (one per verified node)."""
+        r = lambda t: t.repeat_interleave(n)   # noqa: E731
+        return SamplingBatch(r(self.temperature), r(self.min_p), r(self.top_k), r(self.top_p), r(self.seed),
+                             r(self.greedy), self.use_min_p, self.use_top_k, self.use_top_p)
 
 
-def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Return probabilities [N, V] after temperature, top-k, top-p and min-p.
-
-    Greedy rows become one-hot on the argmax so callers can treat every row alike.
-    Pure function: no randomness, no state.
-    """
+def process_logits(logits: torch.Tensor, params: SamplingBatch | list[SamplingParams]) -> torch.Tensor:
+    """Probabilities [R, V] after temperature, min-p, top-k and top-p (vLLM's order).
+    Greedy rows become one-hot on the argmax so callers can treat every row alike. Pure."""
+    if not isinstance(params, SamplingBatch):
+        params = SamplingBatch.of(params, [0] * len(params), logits.device)
     logits = logits.float()
-    n, vocab = logits.shape
-    dev = logits.device
-    greedy_rows = [p.greedy for p in params]
-    greedy = _device_tensor(greedy_rows, dev)
-    temps = _device_tensor([p.temperature if not p.greedy else 1.0 for p in params], dev)
-    logits = logits / temps.unsqueeze(1)
-
-    top_ks = [p.top_k if p.top_k > 0 else vocab for p in params]
-    if any(k < vocab for k in top_ks):
-        k_t = _device_tensor(top_ks, dev).clamp(max=vocab)
-        sorted_logits = logits.sort(dim=-1, descending=True).values
-        kth = sorted_logits.gather(1, (k_t - 1).unsqueeze(1))
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-
+    vocab = logits.shape[-1]
+    logits = logits / params.temperature.unsqueeze(1)
     probs = torch.softmax(logits, dim=-1)
-    top_ps = [p.top_p for p in params]
-    if any(tp < 1.0 for tp in top_ps):
-        p_t = _device_tensor(top_ps, dev).unsqueeze(1)
+    if params.use_min_p:
+        thresh = probs.max(dim=-1, keepdim=True).values * params.min_p.unsqueeze(1)
+        probs = probs.masked_fill(probs < thresh, 0.0)
+    if params.use_top_k:
+        k = torch.where(params.top_k > 0, params.top_k, vocab).clamp(max=vocab)
+        kth = probs.sort(dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
+        probs = probs.masked_fill(probs < kth, 0.0)
+    if params.use_top_p:
+        probs = probs / probs.sum(dim=-1, keepdim=True)
         sorted_probs, idx = probs.sort(dim=-1, descending=True)
         cum = sorted_probs.cumsum(dim=-1)
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        remove_sorted = (cum - sorted_probs) >= p_t
-        remove = torch.zeros_like(remove_sorted).scatter(1, idx, remove_sorted)
-        probs = probs.masked_fill(remove, 0.0)
-    min_ps = [p.min_p for p in params]
-    if any(mp > 0.0 for mp in min_ps):
-        mp_t = _device_tensor(min_ps, dev).unsqueeze(1)
-        thresh = probs.max(dim=-1, keepdim=True).values * mp_t
-        probs = probs.masked_fill(probs < thresh, 0.0)
+        remove_sorted = (cum - sorted_probs) >= params.top_p.unsqueeze(1)
+        probs = probs.masked_fill(torch.zeros_like(remove_sorted).scatter(1, idx, remove_sorted), 0.0)
     probs = probs / probs.sum(dim=-1, keepdim=True)
-    if any(greedy_rows):
-        onehot = torch.zeros_like(probs).scatter(1, logits.argmax(dim=-1, keepdim=True), 1.0)
-        probs = torch.where(greedy.unsqueeze(1), onehot, probs)
-    return probs
+    onehot = torch.zeros_like(probs).scatter(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where(params.greedy.unsqueeze(1), onehot, probs)
 
 
-def sample_from_probs(probs: torch.Tensor, generators: list[torch.Generator | None],
-                      default: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one token per row with the exponential-race trick (argmax p / E, E ~ Exp(1)).
-
-    Rows with their own generator draw their noise from it, so a seeded request gets the
-    same tokens whatever batch it shares.
-    """
-    noise = torch.empty_like(probs)
-    shared = [i for i, g in enumerate(generators) if g is None]
-    if shared:
-        if len(shared) == len(generators):
-            noise.exponential_(generator=default)
-        else:
-            idx = _device_tensor(shared, probs.device)
-            noise[idx] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(generator=default)
-    for i, g in enumerate(generators):
-        if g is not None:
-            noise[i].exponential_(generator=g)
-    return (probs / noise).argmax(dim=-1)
+# ---- the draws -----------------------------------------------------------------------------
+_M32 = 0xFFFFFFFF
 
 
-def uniform(generator: torch.Generator | None, device: torch.device,
-            default: torch.Generator | None = None) -> float:
-    """One U(0,1) draw from the request's generator (or the engine's)."""
-    return float(torch.rand(1, device=device, generator=generator or default).item())
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (lowbias32) on int64 tensors holding values < 2**32. Products may
+    wrap in int64; their low 32 bits are exact either way, and those are all that is kept."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def exponential_noise(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [R, vocab], a pure function of (seed [R], position [R], token id)."""
+    seed = seed.long()
+    base = _mix32(_mix32((seed & _M32) ^ 0x9E3779B9) ^ ((seed >> 32) & _M32))
+    base = _mix32(base ^ (position.long() & _M32))
+    ids = torch.arange(vocab, device=seed.device, dtype=torch.long)
+    h = _mix32(base.unsqueeze(1) ^ _mix32(ids + 0x632BE5AB).unsqueeze(0))
+    # 24 bits: every value is exact in float32; u in (0, 1), never 0 or 1.
+    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return -torch.log(u)
+
+
+def choose(logits: torch.Tensor, params: SamplingBatch | None, positions: torch.Tensor | None) -> torch.Tensor:
+    """The target's token at each row [R]: the argmax for greedy rows (all rows when `params`
+    is None), otherwise an exact sample of the row's law drawn with the counter-based noise of
+    (its seed, `positions` = the position of the token being drawn)."""
+    greedy = logits.argmax(dim=-1)
+    if params is None:
+        return greedy
+    probs = process_logits(logits, params)
+    drawn = (probs / exponential_noise(params.seed, positions, probs.shape[-1])).argmax(dim=-1)
+    return torch.where(params.greedy, greedy, drawn)

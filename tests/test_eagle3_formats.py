@@ -263,19 +263,18 @@ def _check_drafts(llama_dir, target, head_dir: Path, variant: dict, aux_inputs: 
     head = llm.engine.runner.draft
     assert head.aux_layers == tuple(aux_inputs)
     runner = llm.engine.runner
-    seen, pending, stage, run = [], [], runner._stage_chain, runner._run_chain
+    seen, pending, stage, run = [], [], runner.chain.stage, runner.chain.run
 
-    def spy_stage(stg, sched, lay, reqs, rows, N, *rest):  # which requests draft, and how deep
-        pending[:] = [(list(reqs[i].all_token_ids), lay[i].depth) for i, s in enumerate(sched)
-                      if s.draft is not None and lay[i].pad]
-        return stage(stg, sched, lay, reqs, rows, N, *rest)
+    def spy_stage(stg, dstg, plan, lay, rows, *rest):  # which requests draft, and how deep
+        pending[:] = [(list(plan.scheduled[i].req.all_token_ids), lay.reqs[i].depth) for i in lay.drafting]
+        return stage(stg, dstg, plan, lay, rows, *rest)
 
-    def spy_run(drafts, ids_d, N):
-        out = run(drafts, ids_d, N)
+    def spy_run(batch, draft_hidden, ids_d, vtok):
+        run(batch, draft_hidden, ids_d, vtok)
+        out = vtok[batch.routes.vidx.t, 1:]
         seen.extend((toks, row[:depth]) for (toks, depth), row in zip(pending, out.tolist()))
-        return out
 
-    runner._stage_chain, runner._run_chain = spy_stage, spy_run
+    runner.chain.stage, runner.chain.run = spy_stage, spy_run
     llm.generate([[5, 17, 42, 9, 100, 3, 77, 250, 31]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
     assert len(seen) >= 2
     W = _checkpoint(head_dir)

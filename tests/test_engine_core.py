@@ -137,17 +137,24 @@ def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(llama_dir):
 
 
 def test_sampler_follows_the_distribution():
-    from adaspec.sampling import process_logits, sample_from_probs
+    from adaspec.sampling import SamplingBatch, choose, process_logits
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]])
     p = SamplingParams(temperature=0.7, top_k=4, top_p=0.95, min_p=0.05)
     probs = process_logits(logits, [p])[0]
     assert probs[3] == 0.0  # removed by top-k
-    g = torch.Generator().manual_seed(0)
     n = 20000
-    draws = sample_from_probs(probs.expand(n, -1).contiguous(), [None] * n, g)
+    # The counter-based draws: one per (seed, position); many of both.
+    seeds = torch.arange(n) // 100 * 7919 + 3
+    batch = SamplingBatch.of([p] * n, seeds.tolist(), torch.device("cpu"))
+    draws = choose(logits.expand(n, -1), batch, torch.arange(n) % 100)
     freq = torch.bincount(draws, minlength=5).float() / n
     # 5 sigma of a binomial at n=20000 is < 0.018
     assert torch.allclose(freq, probs, atol=0.018), (freq, probs)
+    # The same (seed, position) draws the same token; greedy rows take the argmax.
+    again = choose(logits.expand(n, -1), batch, torch.arange(n) % 100)
+    assert torch.equal(draws, again)
+    g = SamplingBatch.of([SamplingParams(temperature=0.0)] * 3, [1, 2, 3], torch.device("cpu"))
+    assert choose(logits.expand(3, -1), g, torch.arange(3)).tolist() == [0, 0, 0]
 
 
 def test_stop_token_ids_eos_and_max_tokens(llama_dir):

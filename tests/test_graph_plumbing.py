@@ -85,7 +85,7 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
                   **(dict(draft=trained_head) if kw else {}), **kw)
         runner = llm.engine.runner
         if graphs:
-            runner.graphs = cuda_graph.CudaGraphs(runner)
+            runner.graphs = runner.make_graphs()
             runner.graphs.capture_all()
             assert runner.graphs.graphs
             assert bool(runner.graphs.tree_graphs) == (kw.get("topk", 1) > 1)

@@ -8,21 +8,27 @@ padded with requests that have no keys and write no KV (their blocks map to the 
 scratch block). Anything else (prefill, mixed steps, shapes over the token cap, sampled
 verification) runs eagerly.
 
-Capture reuses the runner's own staging: the target forward's metadata is always the first
-thing staged in a step, and the post inputs come right after it, so a replayed graph reads
-the same addresses the step just filled.
+Capture stages its dummy batches with the step's own layout functions (`step_layout`,
+`verify_step`, `draft_step`) into the step's own staging buffers: the target forward's
+metadata is always the first thing staged in a step and the post inputs come right after
+it, so a replayed graph reads the same addresses the step just filled.
 """
 from __future__ import annotations
 
 import gc
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from adaspec.device.staging import stage_forward
+from adaspec.engine.draft_refresh import refresh_entries
+from adaspec.engine.step_layout import ForwardInputs, StepLayout, stage_forward_inputs
+from adaspec.engine.verify_step import stage_verify, verify_inputs
 from adaspec.layers.attention import ForwardContext, forward_context
+from adaspec.spec_decode.drafter import Trees
+from adaspec.spec_decode.policy import SpeculationPolicy
 
 log = logging.getLogger("adaspec")
 
@@ -62,7 +68,7 @@ class _Graph:
 
 
 class _PostGraph:
-    """Everything after a target graph (`ModelRunner._post`: LM head on the verify rows,
+    """Everything after a target graph (`verify_step.PostForward`: LM head on the verify rows,
     greedy or simulated verification, tree-KV move, draft refresh) for its batch and shape;
     reads the target graph's outputs and the step's post inputs staged right after the
     forward's metadata; returns the static output rows."""
@@ -97,8 +103,6 @@ class _TreeGraph:
         self.batch, self.graph, self.h0, self.root0, self.out = batch, graph, h0, root0, out
 
     def run(self, h: torch.Tensor, root: torch.Tensor):
-        from adaspec.spec_decode.drafter import Trees
-
         n = h.shape[0]
         self.h0[:n].copy_(h)
         self.root0[:n].copy_(root)
@@ -107,9 +111,36 @@ class _TreeGraph:
         return Trees(o.tokens[:n], o.parents[:n], o.depths[:n], o.mask[:n], o.depth[:n])
 
 
+@dataclass(frozen=True)
+class GraphInputs:
+    """What the graphs capture, named: the models, the device state they read and write, the
+    step's staging buffers and the pieces of a step that run inside graphs."""
+
+    spec: object             # SpecConfig
+    max_num_seqs: int
+    max_model_len: int
+    model: object            # the target (forward up to the final hidden states)
+    backend: object
+    kv_caches: list
+    group: int               # target query heads per KV head
+    block_size: int
+    block_table: torch.Tensor
+    pad_row: int             # device row of padding requests (its blocks map to scratch)
+    stg: object              # the step's staging buffer
+    draft_stg: object        # the drafters' staging buffer
+    post: object             # verify_step.PostForward
+    chain: object = None     # draft_step.ChainDrafter (None without a draft head)
+    trees: object = None     # spec_decode.drafter.TreeDrafter
+    draft_cache: list | None = None
+    draft_hidden_size: int = 0
+    draft_layers: int = 0
+    dtype: torch.dtype = torch.float32
+    device: torch.device | None = None
+
+
 class CudaGraphs:
-    def __init__(self, runner):
-        self.runner = runner
+    def __init__(self, g: GraphInputs):
+        self.g = g
         self.graphs: dict[tuple[int, int, bool], _Graph] = {}
         self.draft_graphs: dict[tuple[int, int], _DraftGraph] = {}
         self.tree_graphs: dict[tuple[int, int, int], _TreeGraph] = {}   # (batch, num_steps, N)
@@ -122,10 +153,9 @@ class CudaGraphs:
     def shapes(self) -> list[tuple[int, bool]]:
         """(q, tree) pairs the policies can ask for: decode, every chain length up to the
         configured one, and the configured tree."""
-        r = self.runner
         out = [(1, False)]
-        if r.draft is not None:
-            spc = r.cfg.spec
+        if self.g.chain is not None:
+            spc = self.g.spec
             if spc.topk == 1:
                 out += [(k + 1, False) for k in range(1, spc.num_steps + 1)]
             else:
@@ -146,22 +176,21 @@ class CudaGraphs:
             gc.enable()
 
     def _capture_all(self) -> None:
-        r = self.runner
+        g = self.g
         t0 = time.perf_counter()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()   # capture empties the cache too: measure from the same floor
         reserved0 = torch.cuda.memory_reserved()
         self.pool = torch.cuda.graph_pool_handle()
-        todo = [(b, q, tree) for q, tree in self.shapes() for b in batch_buckets(r.cfg.scheduler.max_num_seqs)
-                if b * q <= MAX_GRAPH_TOKENS]
+        buckets = batch_buckets(g.max_num_seqs)
+        todo = [(b, q, tree) for q, tree in self.shapes() for b in buckets if b * q <= MAX_GRAPH_TOKENS]
         for b, q, tree in sorted(todo, key=lambda x: -x[0] * x[1]):
             self.graphs[(b, q, tree)] = self._capture(b, q, tree)
-        for (b, q, tree), g in sorted(self.graphs.items(), key=lambda x: -x[0][0] * x[0][1]):
+        for (b, q, tree), tg in sorted(self.graphs.items(), key=lambda x: -x[0][0] * x[0][1]):
             for depth, kind in self.post_shapes(q, tree):
-                self.post_graphs[(b, q, tree, depth, kind)] = self._capture_post(g, tree, depth, kind)
-        if r.draft is not None:  # chain drafting: every depth the policies may pick
-            buckets = batch_buckets(r.cfg.scheduler.max_num_seqs)
-            for k in range(r.cfg.spec.num_steps, 0, -1):
+                self.post_graphs[(b, q, tree, depth, kind)] = self._capture_post(tg, tree, depth, kind)
+        if g.chain is not None:  # chain drafting: every depth the policies may pick
+            for k in range(g.spec.num_steps, 0, -1):
                 for b in reversed(buckets):
                     self.draft_graphs[(b, k)] = self._capture_draft(b, k)
             for shape in self.tree_shapes():   # tree drafting: the configured tree and its caps
@@ -172,12 +201,11 @@ class CudaGraphs:
         self.memory_bytes = torch.cuda.memory_reserved() - reserved0  # the graphs' pool
         log.info("captured %d CUDA graphs in %.1f s, %.2f GiB",
                  len(self.graphs) + len(self.draft_graphs) + len(self.tree_graphs) + len(self.post_graphs),
-                 self.capture_seconds,
-                 self.memory_bytes / 2**30)
+                 self.capture_seconds, self.memory_bytes / 2**30)
 
     def bucket(self, B: int) -> int | None:
         """The captured batch size that holds B requests (None: above every bucket)."""
-        return next((b for b in batch_buckets(self.runner.cfg.scheduler.max_num_seqs) if b >= B), None)
+        return next((b for b in batch_buckets(self.g.max_num_seqs) if b >= B), None)
 
     def lookup(self, q_lens: list[int], tree: bool) -> _Graph | None:
         if not q_lens or any(q != q_lens[0] for q in q_lens):
@@ -187,9 +215,7 @@ class CudaGraphs:
     def tree_shapes(self) -> list:
         """Tree shapes a step may draft: the configured one capped at each depth (a step's
         shape is that of its deepest request, and caps keep the topk)."""
-        from adaspec.spec_decode.policy import SpeculationPolicy
-
-        spc = self.runner.cfg.spec
+        spc = self.g.spec
         if spc.topk == 1:
             return []
         full = SpeculationPolicy.configured_shape(spc)
@@ -200,12 +226,11 @@ class CudaGraphs:
         rows per request: decode (depth 0), a chain of q-1, or each tree shape of q nodes;
         greedy, or simulated acceptance when the engine simulates it. Draft heads of more
         than one layer refresh with a forward of their own: no post graphs."""
-        r = self.runner
-        if r.draft is not None and r.draft.num_layers > 1:
+        if self.g.chain is not None and self.g.draft_layers > 1:
             return []
         if q == 1:
             return [(0, "greedy")]
-        kind = "sim" if r.cfg.spec.simulate_accept_rate is not None else "greedy"
+        kind = "sim" if self.g.spec.simulate_accept_rate is not None else "greedy"
         if not tree:
             return [(q - 1, kind)]
         return sorted({(s.num_steps, kind) for s in self.tree_shapes() if s.num_draft_tokens == q})
@@ -227,83 +252,63 @@ class CudaGraphs:
         """Static inputs of the drafter graphs (a hidden state and a token per request),
         shared by every chain and tree graph: each replay fills its rows first."""
         if self._h0 is None:
-            r = self.runner
-            n = r.cfg.scheduler.max_num_seqs
-            self._h0 = torch.zeros(n, r.draft.spec.hidden_size, dtype=r.dtype, device=r.device)
-            self._tok0 = torch.zeros(n, dtype=torch.int64, device=r.device)
+            g = self.g
+            self._h0 = torch.zeros(g.max_num_seqs, g.draft_hidden_size, dtype=g.dtype, device=g.device)
+            self._tok0 = torch.zeros(g.max_num_seqs, dtype=torch.int64, device=g.device)
         return self._h0[:b], self._tok0[:b]
 
     @torch.inference_mode()
     def _capture_draft(self, b: int, k: int) -> _DraftGraph:
-        r = self.runner
-        stg = r.draft_stg
-        stg.begin()
-        steps = []
-        for st in range(k):  # the same layout `ModelRunner._stage_chain` produces for b rows
-            meta, _, pos = stage_forward(
-                stg, r.backend, r.rows.block_table, r.block_size, r.draft_group, q_lens=[1] * b, ctx_len=[0] * b,
-                kv_start=[1] * b, req_row=[r.rows.pad_row] * b, positions=np.full(b, st, np.int64),
-                cache_index=np.full(b, 1 + st, np.int64), slots=np.full(b, -1, np.int64),
-                max_ctx_len=r.max_model_len)
-            steps.append((meta, pos))
-        stg.commit()
+        g = self.g
+        # b padding requests, laid out as `ChainDrafter.stage` lays out a step's chains
+        steps = g.chain.stage_steps(g.draft_stg, np.full(b, 2, np.int64), [None] * b, [0] * b, [g.pad_row] * b, k,
+                                    max_ctx_len=g.max_model_len)   # kernels size split-KV for the longest context
         h0, tok0 = self._draft_inputs(b)
-        g, out = self._record(lambda: r.draft_chain(h0, tok0, steps))
-        return _DraftGraph(b, g, self._h0, self._tok0, out)
+        graph, out = self._record(lambda: g.chain.draft(h0, tok0, steps))
+        return _DraftGraph(b, graph, self._h0, self._tok0, out)
 
     @torch.inference_mode()
     def _capture_tree(self, b: int, shape) -> _TreeGraph:
-        r = self.runner
-        td = r.tree_drafter
-        staged = td.stage_arrays(r.draft_stg, shape.topk, shape.num_steps, shape.num_draft_tokens, ns=[2] * b,
-                                 own_steps=[shape.num_steps] * b, own_nodes=[shape.num_draft_tokens - 1] * b,
-                                 rows=[r.rows.pad_row] * b, blocks=[None] * b, block_table=r.rows.block_table,
-                                 slack=r.max_model_len)   # kernels size split-KV for the longest context
+        g = self.g
+        staged = g.trees.stage_arrays(g.draft_stg, shape.topk, shape.num_steps, shape.num_draft_tokens, ns=[2] * b,
+                                      own_steps=[shape.num_steps] * b, own_nodes=[shape.num_draft_tokens - 1] * b,
+                                      rows=[g.pad_row] * b, blocks=[None] * b, block_table=g.block_table,
+                                      slack=g.max_model_len)   # kernels size split-KV for the longest context
         h0, root0 = self._draft_inputs(b)
-        g, out = self._record(lambda: td.propose(staged, h0, root0, r.draft_cache))
-        return _TreeGraph(b, g, self._h0, self._tok0, out)
-
-    @torch.inference_mode()
-    def _capture_post(self, g: _Graph, tree: bool, depth: int, kind: str) -> _PostGraph:
-        from adaspec.sampling import SamplingParams
-
-        r = self.runner
-        b, N = g.batch, g.q
-        _, _, pos = self._stage_dummy(b, N, tree)   # the forward's fields first, as in a step
-        vrows = np.arange(b * N, dtype=np.int64).reshape(b, N)
-        par = np.tile(np.arange(-1, N - 1, dtype=np.int64), (b, 1))
-        refresh = r._refresh_arrays([], [], [], depth, b, N) if r.draft is not None else None
-        pb = r._stage_post(r.stg, vrows, np.zeros((b, N), np.int64), par, np.zeros(b, np.int64),
-                           np.zeros((b, max(1, N - 1)), bool) if kind == "sim" else None, [r.rows.pad_row] * b,
-                           refresh)
-        r.stg.commit()
-        params = [SamplingParams(temperature=0.0)] * b
-        graph, out = self._record(lambda: r._post(g.hidden, g.aux, pos, pb, N, depth, tree, params, [None] * b))
-        return _PostGraph(graph, out)
+        graph, out = self._record(lambda: g.trees.propose(staged, h0, root0, g.draft_cache))
+        return _TreeGraph(b, graph, self._h0, self._tok0, out)
 
     def _stage_dummy(self, b: int, q: int, tree: bool):
-        r = self.runner
-        T = b * q
-        stg = r.stg
-        stg.begin()
-        N = q
-        return stage_forward(
-            stg, r.backend, r.rows.block_table, r.block_size, r.group, q_lens=[q] * b, ctx_len=[0] * b,
-            kv_start=[0] * b, req_row=[r.rows.pad_row] * b, positions=np.zeros(T, np.int64),
-            cache_index=np.zeros(T, np.int64), slots=np.full(T, -1, np.int64), input_ids=np.zeros(T, np.int64),
-            mask_start=[0] * b if tree else None, mask_offset=[0] * b if tree else None,
-            mask=np.zeros(b * N * N, np.uint8) if tree else None,
-            max_ctx_len=r.max_model_len)  # kernels size split-KV for the longest context
+        """The target forward of b padding requests, staged as a step stages its own."""
+        g = self.g
+        g.stg.begin()
+        return stage_forward_inputs(g.stg, g.backend, g.block_table, g.block_size, g.group,
+                                    ForwardInputs.padding(b, q, tree), tree, [g.pad_row] * b,
+                                    max_ctx_len=g.max_model_len)  # kernels size split-KV for the longest context
+
+    @torch.inference_mode()
+    def _capture_post(self, tg: _Graph, tree: bool, depth: int, kind: str) -> _PostGraph:
+        g = self.g
+        b, N = tg.batch, tg.q
+        _, _, pos = self._stage_dummy(b, N, tree)   # the forward's fields first, as in a step
+        lay = StepLayout([], N, depth, tree, [], [], [])
+        refresh = (refresh_entries([], [], depth, b, N, g.pad_row, g.block_size)
+                   if g.chain is not None else None)
+        vb = stage_verify(g.stg, verify_inputs(lay, b, g.pad_row, []),
+                          np.zeros((b, max(1, N - 1)), bool) if kind == "sim" else None, refresh, N, depth, tree)
+        g.stg.commit()
+        graph, out = self._record(lambda: g.post(tg.hidden, tg.aux, pos, vb))
+        return _PostGraph(graph, out)
 
     @torch.inference_mode()
     def _capture(self, b: int, q: int, tree: bool) -> _Graph:
-        r = self.runner
+        g = self.g
         meta, ids, pos = self._stage_dummy(b, q, tree)
-        r.stg.commit()
+        g.stg.commit()
 
         def run():
-            with forward_context(ForwardContext(meta, r.backend, r.kv_caches)):
-                return r.model(ids, pos)
+            with forward_context(ForwardContext(meta, g.backend, g.kv_caches)):
+                return g.model(ids, pos)
 
-        g, (hidden, aux) = self._record(run)
-        return _Graph(b, q, tree, g, hidden, aux)
+        graph, (hidden, aux) = self._record(run)
+        return _Graph(b, q, tree, graph, hidden, aux)

@@ -18,6 +18,8 @@ import logging
 import time
 from collections import Counter
 
+import numpy as np
+
 from adaspec.config import EngineConfig
 from adaspec.engine.detokenizer import Detokenizer
 from adaspec.engine.kv_cache import KVCacheManager
@@ -25,7 +27,7 @@ from adaspec.engine.request import Request, RequestOutput, SpecStats
 from adaspec.engine.runner import ModelRunner
 from adaspec.engine.scheduler import Scheduler, StepPlan, StepResult
 from adaspec.models.registry import generation_defaults
-from adaspec.sampling import SamplingParams, make_generator
+from adaspec.sampling import SamplingParams, random_seed
 from adaspec.spec_decode.policy import StepFeedback, make_policy
 from adaspec.tokenization import load_tokenizer, tokenize
 
@@ -64,7 +66,7 @@ class Engine:
         if wanted is not None and wanted > capacity:
             raise ValueError(f"max_model_len={wanted} exceeds the KV cache ({capacity} tokens); "
                              f"give the cache more memory or lower max_model_len")
-        self.max_model_len = min(wanted or self.runner.spec.max_position, capacity)
+        self.max_model_len = min(wanted or self.runner.model_spec.max_position, capacity)
         self.runner.setup(self.max_model_len)
         self.kv = KVCacheManager(self.runner.num_blocks, bs, cfg.cache.enable_prefix_caching)
         self.policy = make_policy(cfg.spec)
@@ -76,6 +78,7 @@ class Engine:
         self.draft_len_histogram: Counter = Counter()
         self.last_draft_len = 0
         self._ids = itertools.count()
+        self.rng = np.random.default_rng(cfg.seed)   # seeds of requests that bring none
         self.sampling_defaults = self._sampling_defaults(cfg)
         # Progress watch: a step that plans nothing while requests are unfinished made no
         # progress. The scheduler's liveness argument says this never lasts; if it does, the
@@ -116,7 +119,7 @@ class Engine:
 
     @property
     def vocab_size(self) -> int:
-        return self.runner.spec.vocab_size
+        return self.runner.model_spec.vocab_size
 
     # ---- requests -------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -128,8 +131,9 @@ class Engine:
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        eos = set(self.runner.spec.eos_token_ids)
-        req = Request(request_id, ids, params, eos, generator=make_generator(params.seed, self.runner.device))
+        eos = set(self.runner.model_spec.eos_token_ids)
+        seed = params.seed if params.seed is not None else random_seed(self.rng)
+        req = Request(request_id, ids, params, eos, seed=seed)
         self.requests[request_id] = req
         self.scheduler.add(req)
         self.counters["prompt_tokens"] += len(ids)
@@ -226,7 +230,7 @@ class Engine:
                 request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
                 token_ids=req.output_token_ids, text=text, new_token_ids=new_ids, new_text=new_text,
                 finished=req.is_finished, finish_reason=req.finish_reason,
-                spec=req.spec.as_dict() if req.is_finished else {},
+                spec=req.spec_stats.as_dict() if req.is_finished else {},
                 num_cached_tokens=req.num_cached_tokens, error=req.error))
             if req.is_finished:
                 self.requests.pop(req.request_id, None)

@@ -32,7 +32,7 @@ def profile_step_times(engine, shapes: list[DraftShape | None], max_batch: int |
         sizes.append(b)
         b *= 2
     g = torch.Generator().manual_seed(0)
-    vocab = runner.spec.vocab_size
+    vocab = runner.model_spec.vocab_size
     params = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True)
     reqs = []
     try:

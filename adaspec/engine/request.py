@@ -21,8 +21,6 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from adaspec.sampling import SamplingParams
 
 
@@ -107,18 +105,20 @@ class RequestOutput:
 
 
 class Request:
-    """Engine-side state of one request. Mutated only by the scheduler and the detokenizer."""
+    """Engine-side state of one request. Mutated by the scheduler and the detokenizer, and by
+    the runner's `DeviceRows` for its device row (`row`, `table_synced`). `seed` keys the
+    request's counter-based sampling noise (`sampling.choose`): the user's seed, or a random
+    one drawn when the request arrived."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 eos_token_ids: set[int], arrival: float | None = None,
-                 generator: torch.Generator | None = None):
+                 eos_token_ids: set[int], arrival: float | None = None, seed: int = 0):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids = list(prompt_token_ids)
         self.params = params
         self.eos_token_ids = eos_token_ids
         self.arrival = time.monotonic() if arrival is None else arrival
-        self.generator = generator
+        self.seed = seed
         self.status = Status.WAITING
         self.num_computed = 0
         self.block_ids: list[int] = []
@@ -128,8 +128,7 @@ class Request:
         self.block_hashes: list[int] = []
         self.finish_reason: str | None = None
         self.error: str | None = None
-        self.spec = SpecStats()
-        self.draft_hidden: torch.Tensor | None = None  # fc(aux) at the last synced pair
+        self.spec_stats = SpecStats()
         self.row = -1                   # row of the runner's persistent device state (-1: none)
         self.table_synced = 0           # leading block_ids the device block table already holds
         self.num_preemptions = 0

@@ -271,7 +271,7 @@ class Scheduler:
             if not preempted:                          # token is valid, its KV is gone
                 req.num_computed += res.num_accepted
             if s.draft is not None:
-                req.spec.record(res.tree_depth, res.tree_nodes, res.num_accepted)
+                req.spec_stats.record(res.tree_depth, res.tree_nodes, res.num_accepted)
             for tok in res.emitted:
                 req.all_token_ids.append(tok)
                 reason = self._stop_reason(req, tok)

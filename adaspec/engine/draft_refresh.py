@@ -1,0 +1,168 @@
+"""The draft-KV refresh: the draft's own KV cache never goes stale.
+
+Every step, the pair (hidden_p, token_{p+1}) of every newly committed position p is written
+to draft slot p+1, for every request, speculating or not (EAGLE-3: hidden_p = the head's
+projection of the target's aux features at p). For a speculating request the pairs of its
+accepted drafts are known only on the device, after verification: its entries name a draft
+depth, and the device resolves row, token and validity from the verifier's path and count.
+
+`refresh_entries` lays the entries out on the host, `stage_refresh` stages them (one field
+per array), `DraftRefresh.run` writes the draft KV and each request's last draft hidden.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from adaspec.device.shift import Shift
+from adaspec.device.staging import Staging, stage_forward
+from adaspec.layers.attention import ForwardContext, forward_context
+
+ENTRY_FIELDS = ("base", "depth", "vreq", "emitted_at", "token", "position", "slot")
+
+
+@dataclass
+class RefreshEntries:
+    """Host arrays, one entry per refreshed pair (R) and one per request."""
+
+    base: np.ndarray        # [R] forward row of the pair's hidden (a draft's: the root's row)
+    depth: np.ndarray       # [R] draft depth of the pair (0: a committed row)
+    vreq: np.ndarray        # [R] the request's verify index
+    emitted_at: np.ndarray  # [R] column of the emitted token that follows (-1: known on the host)
+    token: np.ndarray       # [R] that token, when known on the host
+    position: np.ndarray    # [R] rotary position p
+    slot: np.ndarray        # [R] draft KV slot of cache index p + 1 (-1: write nothing)
+    last: np.ndarray        # [2, B] entry of each request's last pair | verify index adding count-1
+    rows: list              # [B] device rows (padding: the pad row)
+    q_lens: list            # entries per request
+    moved: list             # entries of requests whose previous step is in flight
+    moved_rows: list
+
+
+@dataclass
+class RefreshBatch:
+    """The staged entries (device views after commit) and, for draft heads of more than one
+    layer, the attention metadata of the refresh forward."""
+
+    fields: dict            # ENTRY_FIELDS -> staged ref
+    last: object
+    rows: object
+    meta: object = None
+
+
+def refresh_entries(sched, lay, D: int | None, pad: int, N: int, pad_row: int, block_size: int
+                    ) -> RefreshEntries | None:
+    """Entries of the step's pairs. A speculating request has one entry per accepted draft up
+    to its own depth, or up to D when D is given (a post graph's fixed layout; entries past the
+    accepted length write nothing); `pad` padding requests (of a graph batch, q = N rows each)
+    add entries that write nothing."""
+    cols = [[] for _ in ENTRY_FIELDS]
+    base, dsel, vreq, emj, htok, dpos, dslot = cols
+    last, lastadd, q_lens, moved, moved_rows = [], [], [], [], []
+    bs = block_size
+    for s, L in zip(sched, lay):
+        r, c = s.req, s.req.num_computed
+        n, blocks, toks = r.num_tokens, r.block_ids, r.all_token_ids
+        vi = max(L.vi, 0)
+        first = len(base)
+        for j in range(L.n_new):
+            p = c + j
+            known = p + 1 < n
+            base.append(L.row0 + j)
+            dsel.append(0)
+            vreq.append(vi)
+            emj.append(-1 if known else 0)
+            htok.append(toks[p + 1] if known else 0)
+            dpos.append(p)
+            dslot.append(blocks[(p + 1) // bs] * bs + (p + 1) % bs)
+        if L.pad:   # the pairs of accepted drafts
+            depth = L.depth if D is None else D
+            for d in range(1, depth + 1):
+                p = n - 1 + d
+                base.append(L.root)
+                dsel.append(d)
+                vreq.append(L.vi)
+                emj.append(d)
+                htok.append(0)
+                dpos.append(p)
+                dslot.append(blocks[(p + 1) // bs] * bs + (p + 1) % bs if d <= L.depth else -1)
+            last.append(len(base) - 1 - depth)
+            lastadd.append(L.vi)
+        else:
+            last.append(len(base) - 1)
+            lastadd.append(-1)
+        q_lens.append(len(base) - first)
+        if r.pending:
+            moved.extend(range(first, len(base)))
+            moved_rows.extend([r.row] * (len(base) - first))
+    rows = [s.req.row for s in sched]
+    for e in range(pad):   # write nothing; `last` lands in the padding's own row
+        vi = len(sched) + e
+        for _ in range(1 + (D or 0)):
+            for col, v in zip(cols, (vi * N, 0, vi, -1, 0, 0, -1)):
+                col.append(v)
+        last.append(len(base) - 1)
+        lastadd.append(-1)
+        rows.append(pad_row)
+    if not base:
+        return None
+    arr = [np.asarray(c, dtype=np.int64) for c in cols]
+    return RefreshEntries(*arr, last=np.array([last, lastadd], dtype=np.int64), rows=rows, q_lens=q_lens,
+                          moved=moved, moved_rows=moved_rows)
+
+
+def stage_refresh(stg: Staging, e: RefreshEntries) -> RefreshBatch:
+    # One field per array, each 16-byte aligned: a kernel given a row of one [7, R] block
+    # (the positions, to the draft's rotary) would compile a variant per R mod 2.
+    fields = {k: stg.add(getattr(e, k), torch.int64) for k in ENTRY_FIELDS}
+    return RefreshBatch(fields, stg.add(e.last, torch.int64), stg.add(e.rows, torch.int64))
+
+
+def stage_refresh_meta(stg: Staging, batch: RefreshBatch, e: RefreshEntries, shift: Shift | None,
+                       num_layers: int, backend, block_table: torch.Tensor, block_size: int, group: int) -> None:
+    """Register the entries of in-flight requests with the shift and, for draft heads of more
+    than one layer, stage the attention metadata of the refresh forward."""
+    if shift is not None and e.moved:   # the slot is that of position + 1
+        idx = np.asarray(e.moved, dtype=np.int64)
+        shift.add(batch.fields["position"], idx, e.moved_rows)
+        shift.add_slots(batch.fields["slot"], idx, batch.fields["position"], idx, 1, e.moved_rows)
+    if num_layers > 1:
+        # Layers above the first attend: each request's pairs form a causal run of rows at
+        # cache indices p + 1 (rows past the accepted length write nothing and no valid row
+        # sees them). (No post graph: its steps are never padded.)
+        ends = np.cumsum(e.q_lens)
+        batch.meta, _, _ = stage_forward(
+            stg, backend, block_table, block_size, group, q_lens=e.q_lens, ctx_len=e.position[ends - 1] + 2,
+            kv_start=[1] * len(e.q_lens), req_row=e.rows[: len(e.q_lens)], positions=e.position,
+            cache_index=e.position + 1, slots=e.slot)
+
+
+class DraftRefresh:
+    """Writes the refreshed pairs into the draft KV cache on the device (captured inside the
+    post graphs). `draft_hidden` [rows, H]: each request's last draft hidden state."""
+
+    def __init__(self, head, backend, cache: list, draft_hidden: torch.Tensor):
+        self.head, self.backend, self.cache, self.draft_hidden = head, backend, cache, draft_hidden
+
+    def run(self, batch: RefreshBatch, aux: torch.Tensor, path=None, emitted=None, count=None) -> None:
+        """`path`/`emitted`/`count`: the verifier's outputs (None when nothing was verified)."""
+        f = {k: v.t for k, v in batch.fields.items()}
+        last, lastadd = batch.last.t
+        row, tok, slot = f["base"], f["token"], f["slot"]
+        if path is not None:
+            dsel, vreq, emj = f["depth"], f["vreq"], f["emitted_at"]
+            row = row + torch.where(dsel > 0, path[vreq, dsel.clamp(max=path.shape[1] - 1)], 0)
+            tok = torch.where(emj >= 0, emitted[vreq, emj.clamp(min=0)], tok)
+            valid = (emj < 0) | (emj < count[vreq])
+            slot = torch.where(valid, slot, torch.full_like(slot, -1))
+            last = last + torch.where(lastadd >= 0, count[lastadd.clamp(min=0)] - 1, 0)
+        h = self.head.project(aux[row])
+        if batch.meta is None:
+            self.head.write_kv(h, tok, f["position"], self.cache, slot)
+        else:
+            batch.meta.slot_mapping.copy_(slot)
+            with forward_context(ForwardContext(batch.meta, self.backend, self.cache)):
+                self.head.write_kv(h, tok, f["position"], self.cache, slot)
+        self.draft_hidden[batch.rows.t] = h[last]

@@ -1,0 +1,152 @@
+"""Everything after the target forward, on the device: the LM head on the verify rows, the
+target's choice at every node (`sampling.choose`), verification (`spec_decode.verifier`, or
+simulated acceptance in benchmarks), each request's last token and count (for the step
+planned before this one is read), accepted tree KV moved into place, the draft KV refreshed.
+`PostForward` is captured as is by the post CUDA graphs (greedy and simulated batches).
+
+`verify_inputs` lays out the verify batch on the host and `stage_verify` stages it right
+after the forward's metadata, in one fixed order, so a post graph finds it where its
+capture staged it (the capture calls the same functions on a batch of padding requests).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from adaspec.device.staging import Staging
+from adaspec.engine.draft_refresh import DraftRefresh, RefreshBatch, RefreshEntries, stage_refresh
+from adaspec.sampling import SamplingBatch, choose
+from adaspec.spec_decode.simulated import simulate
+from adaspec.spec_decode.verifier import verify
+
+
+@dataclass
+class VerifyInputs:
+    """Host arrays of the verify batch: Bv requests x N nodes."""
+
+    rows: np.ndarray       # [Bv, N] forward rows of each node
+    tokens: np.ndarray     # [Bv, N] draft tokens (filled on the device)
+    parents: np.ndarray    # [Bv, N] (trees: filled on the device)
+    limit: np.ndarray      # [Bv] own depth
+    src: list              # [Bv] device rows
+
+
+def verify_inputs(lay, pad: int, pad_row: int, rows: list[int]) -> VerifyInputs:
+    """The requests that sample (`lay.verify`), then `pad` padding requests of a graph batch
+    (each owns its own q = N rows; limit 0 accepts nothing)."""
+    N = lay.N
+    vrows, vlim = [], []
+    for i in lay.verify:
+        L = lay.reqs[i]
+        if L.pad:
+            vrows.append(range(L.root, L.root + N))
+            vlim.append(L.depth)
+        else:
+            vrows.append([L.root] * N)
+            vlim.append(0)
+    n = len(lay.reqs)
+    vrows += [range((n + e) * N, (n + e + 1) * N) for e in range(pad)]
+    vlim += [0] * pad
+    Bv = len(vlim)
+    chain_par = np.arange(-1, N - 1, dtype=np.int64)
+    par = np.tile(chain_par, (Bv, 1))
+    for k, i in enumerate(lay.verify):
+        if not lay.reqs[i].pad:
+            par[k] = -1
+    return VerifyInputs(np.array([list(r) for r in vrows], dtype=np.int64).reshape(Bv, N),
+                        np.zeros((Bv, N), np.int64), par, np.asarray(vlim, dtype=np.int64),
+                        [rows[i] for i in lay.verify] + [pad_row] * pad)
+
+
+@dataclass
+class VerifyBatch:
+    """The staged verify batch (device views after commit) and the step's shape."""
+
+    rows: object
+    tokens: object
+    parents: object
+    limit: object
+    accept: object            # simulated acceptance draws [Bv, D] (None: real verification)
+    src: object
+    sampling: dict | None     # staged SamplingBatch arrays (None: every row greedy)
+    params: list | None       # the rows' SamplingParams (host flags of the SamplingBatch)
+    refresh: RefreshBatch | None
+    N: int
+    D: int
+    tree: bool
+
+
+def stage_verify(stg: Staging, vi: VerifyInputs, accept: np.ndarray | None, refresh: RefreshEntries | None,
+                 N: int, D: int, tree: bool, params: list | None = None, seeds: list | None = None) -> VerifyBatch:
+    """Stage the post-forward inputs in one fixed order: verify rows, draft tokens, parents,
+    limits, simulated draws, device rows, the draft refresh's arrays, the sampling batch."""
+    b = VerifyBatch(stg.add(vi.rows, torch.int64), stg.add(vi.tokens, torch.int64),
+                    stg.add(vi.parents, torch.int64), stg.add(vi.limit, torch.int64),
+                    stg.add(accept, torch.uint8) if accept is not None else None, stg.add(vi.src, torch.int64),
+                    None, None, None, N, D, tree)
+    if refresh is not None:
+        b.refresh = stage_refresh(stg, refresh)
+    if params is not None and not all(p.greedy for p in params):
+        host = SamplingBatch.host_arrays(params, seeds)
+        dtypes = {"temperature": torch.float32, "min_p": torch.float32, "top_p": torch.float32,
+                  "top_k": torch.int64, "seed": torch.int64, "greedy": torch.uint8}
+        b.sampling = {k: stg.add(v, dtypes[k]) for k, v in host.items()}
+        b.params = params
+    return b
+
+
+class PostForward:
+    """The step after the target forward (see the module docstring). Returns the step's
+    output rows [Bv, count | emitted [D+1] | path [D+1] | own depth]."""
+
+    def __init__(self, lm_head, last_token: torch.Tensor, last_count: torch.Tensor, kv: torch.Tensor,
+                 block_table: torch.Tensor, block_size: int, refresh: DraftRefresh | None):
+        self.lm_head, self.last_token, self.last_count = lm_head, last_token, last_count
+        self.kv, self.block_table, self.block_size, self.refresh = kv, block_table, block_size, refresh
+
+    def __call__(self, hidden: torch.Tensor, aux: torch.Tensor | None, pos_d: torch.Tensor,
+                 b: VerifyBatch) -> torch.Tensor:
+        vrows, src, limit = b.rows.t, b.src.t, b.limit.t
+        Bv, N = vrows.shape
+        logits = self.lm_head(hidden[vrows.reshape(-1)]).view(Bv * N, -1)
+        sampling = None
+        if b.sampling is not None:
+            sampling = SamplingBatch.of(b.params, [], logits.device, {k: r.t for k, r in b.sampling.items()})
+            sampling = sampling.repeat(N)
+        # The token each node's choice stands for is at the node's position + 1.
+        choice = choose(logits, sampling, pos_d[vrows.reshape(-1)] + 1).view(Bv, N)
+        parents = b.parents.t if b.tree else None
+        if b.accept is not None:
+            path, emitted, count = simulate(b.tokens.t, parents, limit, choice, b.accept.t.bool(), b.D)
+        else:
+            path, emitted, count = verify(b.tokens.t, parents, limit, choice, b.D)
+        self.last_token[src] = emitted.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
+        self.last_count[src] = count
+        if b.tree:
+            self.move_tree_kv(pos_d[vrows[:, 0]], src, path, count)
+        if b.refresh is not None:
+            self.refresh.run(b.refresh, aux, path, emitted, count)
+        return torch.cat([count.unsqueeze(1), emitted, path, limit.unsqueeze(1)], dim=1)
+
+    def move_tree_kv(self, base: torch.Tensor, rows: torch.Tensor, path: torch.Tensor, count: torch.Tensor) -> None:
+        """Accepted node path[d] was written at cache index base+path[d] (base [B] = the
+        root's, n-1); its committed place is base+d. One gather/scatter over every layer's K
+        and V; `rows` [B] are the requests' device rows."""
+        D = path.shape[1] - 1
+        if D == 0:
+            return
+        bs = self.block_size
+        d = torch.arange(1, D + 1, device=path.device)
+        src_idx = base.unsqueeze(1) + path[:, 1:]
+        dst_idx = base.unsqueeze(1) + d.unsqueeze(0)
+        move = (d.unsqueeze(0) < count.unsqueeze(1)) & (path[:, 1:] != d.unsqueeze(0))
+        src_idx = torch.where(move, src_idx, dst_idx)
+        table = self.block_table[rows].long()
+
+        def slot(idx):
+            return table.gather(1, idx // bs) * bs + idx % bs
+
+        src, dst = slot(src_idx).reshape(-1), slot(dst_idx).reshape(-1)
+        self.kv[:, :, dst] = self.kv[:, :, src]

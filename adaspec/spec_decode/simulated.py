@@ -1,0 +1,30 @@
+"""Simulated acceptance, for benchmarks only: NOT lossless. Each draft is accepted with a
+fixed probability whose draws (`accept` [B, >= D] bool, compared with the rate by the caller)
+come from the engine's benchmark stream, so the cost side of speculation (every forward, the
+draft, verification) is real while acceptance does not depend on random weights. The
+emitted tokens are the drafts along the path, then the target's choice as the bonus; same
+outputs as `verifier.verify`.
+"""
+from __future__ import annotations
+
+import torch
+
+from adaspec.spec_decode.verifier import chain_path, walk
+
+
+def simulate(tokens: torch.Tensor, parents: torch.Tensor | None, limit: torch.Tensor, choice: torch.Tensor,
+             accept: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Accept the best (first) child at depth d when accept[:, d-1]; `parents` None = chains."""
+    if parents is None:
+        path, acc = chain_path(accept[:, : tokens.shape[1] - 1], limit)
+    else:
+        def pick(cur, d, children):
+            first = torch.where(children.any(1), children.int().argmax(1), torch.full_like(cur, -1))
+            return torch.where(accept[:, d - 1], first, torch.full_like(cur, -1))
+
+        path, acc = walk(parents, limit, depth, pick)
+    # The drafts along the path (node d's token in column d-1), then the bonus after the last.
+    emitted = tokens.gather(1, torch.cat([path[:, 1:], path[:, :1]], dim=1))
+    bonus = choice.gather(1, path.gather(1, acc.unsqueeze(1)))
+    emitted.scatter_(1, acc.unsqueeze(1), bonus)
+    return path, emitted, acc + 1
