@@ -237,3 +237,36 @@ def test_sliding_window_with_chunks_and_trees(tmp_path):
                device="cpu", dtype="float32", block_size=4).generate(prompts, GREEDY)
     check_lossless(str(d), prompts, plain, "window chunked")
     check_lossless(str(d), prompts, tree, "window tree")
+
+
+def test_seeded_output_independent_of_speculation_depth_and_batch(tmp_path):
+    """Issue 23 item 4: a seeded request's tokens are a function of its seed alone: alone with
+    speculation off, chains of 1 and 4, a tree, a per-request cap, and inside a batch of 32
+    (with other seeded and unseeded requests), all identical; a different seed differs.
+    (A vocabulary of 16, so that sampled drafts are often accepted.)"""
+    d = make_tiny_model(tmp_path / "v16", "llama", vocab_size=16, init_std=0.1, eos_token_id=None)
+    head = make_eagle3_head(tmp_path / "h16", d)
+    prompt = [1, 5, 3, 2, 7, 11, 4]
+    sp = dict(max_tokens=24, temperature=0.9, top_p=0.95, ignore_eos=True)
+    seeded = SamplingParams(seed=1234, **sp)
+    configs = {"off": {}, "chain1": dict(num_steps=1, topk=1), "chain4": dict(num_steps=4, topk=1),
+               "tree": dict(num_steps=3, topk=2, num_draft_tokens=6)}
+    outs = {}
+    for name, kw in configs.items():
+        draft = dict(draft=str(head), speculation="always", **kw) if kw else {}
+        llm = LLM(str(d), device="cpu", dtype="float32", seed=5 + len(outs), **draft)
+        outs[name] = llm.generate([prompt], seeded)[0].token_ids
+        if kw:
+            assert llm.stats()["accepted_tokens"] > 0, name      # verification really ran
+        if name == "chain4":
+            capped = SamplingParams(seed=1234, max_draft_tokens=2, **sp)
+            outs["chain4-cap2"] = llm.generate([prompt], capped)[0].token_ids
+            rng = torch.Generator().manual_seed(3)
+            others = [torch.randint(0, 16, (3 + i % 7,), generator=rng).tolist() for i in range(31)]
+            batch = [SamplingParams(seed=i if i % 2 else None, **sp) for i in range(31)]
+            res = llm.generate(others[:16] + [prompt] + others[16:], batch[:16] + [seeded] + batch[16:])
+            outs["chain4-batch32"] = res[16].token_ids
+            outs["chain4-seed99"] = llm.generate([prompt], SamplingParams(seed=99, **sp))[0].token_ids
+    other = outs.pop("chain4-seed99")
+    assert len({tuple(v) for v in outs.values()}) == 1, outs
+    assert other != outs["off"]

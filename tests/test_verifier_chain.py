@@ -1,11 +1,11 @@
-"""The chain verifiers (a few tensor ops) give exactly what the general tree walk gives on
-chains, for every limit, greedy and simulated."""
+"""Chains verified in a few tensor ops (parents None) give exactly what the general tree walk
+gives on chains, for every limit, real and simulated verification."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from adaspec.spec_decode import verifier
+from adaspec.spec_decode import simulated, verifier
 
 
 @pytest.mark.parametrize("D", [1, 3, 5])
@@ -21,11 +21,11 @@ def test_chain_verifiers_equal_the_tree_walk(D):
     parents[limit == 0] = -1      # rows that do not speculate carry no tree at all
     uniforms = torch.rand(B, D, generator=g) < 0.7
     for got, want in (
-        (verifier.verify_chain_greedy(tokens, limit, argmax), verifier.verify_greedy(tokens, parents, limit, argmax, D)),
-        (verifier.verify_chain_simulated(tokens, limit, uniforms),
-         verifier.verify_simulated(tokens, parents, limit, uniforms, D)),
+        (verifier.verify(tokens, None, limit, argmax, D), verifier.verify(tokens, parents, limit, argmax, D)),
+        (simulated.simulate(tokens, None, limit, argmax, uniforms, D),
+         simulated.simulate(tokens, parents, limit, argmax, uniforms, D)),
     ):
         for a, b in zip(got, want):
             assert torch.equal(a, b)
-    count = verifier.verify_chain_greedy(tokens, limit, argmax)[2]
+    count = verifier.verify(tokens, None, limit, argmax, D)[2]
     assert (count <= limit + 1).all() and len(set(count.tolist())) == D + 1   # every length occurs

@@ -1,5 +1,6 @@
-"""verifier.verify_tree_sampled: batched rejection sampling of draft trees. Laws are checked on
-one request replicated many times in a single batched call (CPU, seeded)."""
+"""verifier.verify on sampled rows: the target's draw at each node (an exact sample of its law)
+decides which child is accepted. Laws are checked on one request replicated many times in a
+single batched call (CPU, seeded), against the per-tree host reference too."""
 from __future__ import annotations
 
 import torch
@@ -25,7 +26,13 @@ def tree_probs() -> torch.Tensor:
     return p / p.sum(1, keepdim=True)
 
 
-def run(tokens, parents, probs, limit, B, seed=0, W=3):
+def draws(probs: torch.Tensor, seed: int) -> torch.Tensor:
+    """The target's choice at every node [B, N]: exponential race over probs [B, N, V]."""
+    g = torch.Generator().manual_seed(seed)
+    return (probs / torch.empty(probs.shape).exponential_(generator=g)).argmax(-1)
+
+
+def run(tokens, parents, probs, limit, B, seed=0):
     """One request (tokens, parents [N], probs [N, V]) replicated B times, or a batch if
     tokens is already [B, N]. limit: int or [B]."""
     tokens, parents, probs = torch.as_tensor(tokens), torch.as_tensor(parents), torch.as_tensor(probs)
@@ -33,10 +40,7 @@ def run(tokens, parents, probs, limit, B, seed=0, W=3):
         tokens, parents, probs = (t.unsqueeze(0).expand(B, *t.shape) for t in (tokens, parents, probs))
     limit = torch.as_tensor(limit).expand(B).long()
     D = tokens.shape[1] - 1
-    g = torch.Generator().manual_seed(seed)
-    u = torch.rand(B, D, W, generator=g)
-    noise = torch.empty(B, probs.shape[-1]).exponential_(generator=g)
-    return verifier.verify_tree_sampled(tokens, parents, limit, probs, u, noise, D)
+    return verifier.verify(tokens, parents, limit, draws(probs, seed), D)
 
 
 def freq(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -138,37 +142,14 @@ def test_duplicate_sibling_never_accepted():
     tokens, parents = [3, 1, 1], [-1, 0, 0]
     probs = torch.full((3, V), 0.1)
     probs[0, 1] = 0.5
-    path, emitted, count = run(tokens, parents, probs, limit=2, B=50_000, W=2)
+    path, emitted, count = run(tokens, parents, probs, limit=2, B=50_000)
     assert (path[:, 1] != 2).all()
     assert abs((path[:, 1] == 1).double().mean() - 0.5) < 0.01
     assert (freq(emitted[:, 0], V) - probs[0].double()).abs().max() < 0.01
 
 
-def test_children_past_w_never_tried():
-    tokens, parents = [3, 0, 1, 2], [-1, 0, 0, 0]
-    probs = torch.zeros(4, V)
-    probs[:, 2] = 1.0                                          # only the 3rd child's token
-    path, emitted, count = run(tokens, parents, probs, limit=2, B=1000, W=2)
-    assert (count == 1).all() and (emitted[:, 0] == 2).all()
-    path, emitted, count = run(tokens, parents, probs, limit=2, B=1000, W=3)
-    assert (path[:, 1] == 3).all()
-
-
-def test_empty_residual_falls_back_and_stops():
-    # the only token with mass is rejected (u = 1): the residual is empty, so the bonus comes
-    # from the unmodified target and the duplicate sibling (u = 0) is not tried
-    tokens, parents = [3, 2, 2], [-1, 0, 0]
-    probs = torch.zeros(1, 3, V)
-    probs[..., 2] = 1.0
-    u = torch.tensor([[[1.0, 0.0], [1.0, 0.0]]])
-    path, emitted, count = verifier.verify_tree_sampled(
-        torch.tensor([tokens]), torch.tensor([parents]), torch.tensor([2]), probs, u, torch.ones(1, V), 2)
-    assert count.tolist() == [1] and path.tolist() == [[0, 0, 0]] and emitted[0, 0] == 2
-
-
-def test_chain_matches_verify_chain_sampled():
-    """With one child per node and the same draws (W = 1), both verifiers make the same
-    decisions, so their laws agree exactly."""
+def test_chain_path_matches_the_tree_walk():
+    """Chains (parents None: a few tensor ops) decide exactly as the walk does on the same draws."""
     B, K = 50_000, 3
     g = torch.Generator().manual_seed(11)
     tokens = torch.tensor([3, 0, 1, 2]).expand(B, K + 1)
@@ -177,10 +158,9 @@ def test_chain_matches_verify_chain_sampled():
     probs[:K, [0, 1, 2]] += 0.5                                 # drafts often accepted
     probs = (probs / probs.sum(1, keepdim=True)).expand(B, K + 1, V)
     limit = torch.randint(0, K + 1, (B,), generator=g)
-    u = torch.rand(B, K, generator=g)
-    noise = torch.empty(B, V).exponential_(generator=g)
-    p1, e1, c1 = verifier.verify_tree_sampled(tokens, parents, limit, probs, u.unsqueeze(2), noise, K)
-    p2, e2, c2 = verifier.verify_chain_sampled(tokens, limit, probs, u, noise)
+    choice = draws(probs, 12)
+    p1, e1, c1 = verifier.verify(tokens, parents, limit, choice, K)
+    p2, e2, c2 = verifier.verify(tokens, None, limit, choice, K)
     assert torch.equal(c1, c2) and torch.equal(p1, p2)
     live = torch.arange(K + 1).unsqueeze(0) < c1.unsqueeze(1)
     assert torch.equal(e1[live], e2[live])
@@ -208,7 +188,7 @@ def test_mixed_batch():
                          [4, 0, 0, 0, 0],
                          [5, 4, 4, 4, 4]])
     probs = torch.nn.functional.one_hot(want, V).float()
-    path, emitted, count = run(tokens, parents, probs, limit, B=5, W=2)
+    path, emitted, count = run(tokens, parents, probs, limit, B=5)
     assert count.tolist() == [3, 2, 1, 1, 1]
     assert path.tolist() == [[0, 2, 3, 0, 0], [0, 2, 0, 0, 0]] + [[0] * 5] * 3
     assert emitted[0, :3].tolist() == [4, 2, 5]
@@ -220,8 +200,7 @@ def test_no_host_sync():
     """Runs on the meta device, where any host read of a tensor value would raise."""
     B, N = 4, len(TOKENS)
     m = dict(device="meta")
-    path, emitted, count = verifier.verify_tree_sampled(
+    path, emitted, count = verifier.verify(
         torch.empty(B, N, dtype=torch.long, **m), torch.empty(B, N, dtype=torch.long, **m),
-        torch.empty(B, dtype=torch.long, **m), torch.empty(B, N, V, **m), torch.empty(B, N - 1, 3, **m),
-        torch.empty(B, V, **m), N - 1)
+        torch.empty(B, dtype=torch.long, **m), torch.empty(B, N, dtype=torch.long, **m), N - 1)
     assert path.shape == emitted.shape == (B, N) and count.shape == (B,)
