@@ -14,7 +14,8 @@ GENERATION_CONFIG_MODES = ("auto", "none")
 class CacheConfig:
     block_size: int = 16
     num_blocks: int | None = None        # explicit pool size wins over the memory budget
-    memory_bytes: int | None = None      # KV budget; default: 512 MiB on CPU, 90% of free GPU memory
+    memory_bytes: int | None = None      # KV budget; default: 128 MiB on CPU, on CUDA
+                                         # gpu_memory_utilization of free memory less 4 GiB
     gpu_memory_utilization: float = 0.90
     enable_prefix_caching: bool = True
 

@@ -55,9 +55,15 @@ def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vo
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig):
+    """The step loop over a scheduler (which decides) and a runner (which executes). `runner`
+    is built from `cfg` unless given: any object with ModelRunner's surface (`setup`,
+    `launch`, `collect`, `plans_ahead`, `last_step_time`, `num_blocks`, `model_spec`, `draft`,
+    `device`, `backend`, `graphs`), which is how the scheduler/KV invariant tests drive this
+    very loop without a model."""
+
+    def __init__(self, cfg: EngineConfig, runner: ModelRunner | None = None):
         self.config = cfg
-        self.runner = ModelRunner(cfg)
+        self.runner = runner if runner is not None else ModelRunner(cfg)
         self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
         bs = cfg.cache.block_size

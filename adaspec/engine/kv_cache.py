@@ -15,11 +15,6 @@ from collections import OrderedDict
 from adaspec.engine.request import Request
 
 
-def slot_of(req: Request, idx: int, block_size: int) -> int:
-    """Flat cache slot of sequence index `idx` of `req` (the target and the draft share it)."""
-    return req.block_ids[idx // block_size] * block_size + idx % block_size
-
-
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         if num_blocks < 1:
@@ -43,9 +38,6 @@ class KVCacheManager:
 
     def blocks_for(self, num_slots: int) -> int:
         return (num_slots + self.block_size - 1) // self.block_size
-
-    def can_fit(self, req: Request, num_slots: int) -> bool:
-        return self.blocks_for(num_slots) - len(req.block_ids) <= self.num_free
 
     # ---- allocation ----------------------------------------------------------------------
     def reserve(self, req: Request, num_slots: int) -> bool:

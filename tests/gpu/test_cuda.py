@@ -196,3 +196,24 @@ def test_cuda_overlap_changes_nothing(models):
     a = [o.token_ids for o in LLM(str(d), **tree, **base).generate(prompts, sampled)]
     b = [o.token_ids for o in LLM(str(d), **tree, **base).generate(prompts, sampled)]
     assert a == b and [len(t) for t in a] == [20] * 8
+
+
+def test_cuda_seeded_output_independent_of_speculation(models):
+    """Issue 23 item 4 on the GPU, graphs and overlap on: a seeded sampled request gives the
+    same tokens without speculation, with chains of 1 and 3 and with a tree, alone and inside a
+    batch (fp32: the counter-based draws compare probabilities, not bits of a GEMM)."""
+    d, h = models["llama"]
+    prompt = [(7 * j) % 300 + 3 for j in range(12)]
+    others = [[(3 * i + 5 * j) % 300 + 3 for j in range(4 + 3 * i)] for i in range(7)]
+    sp = SamplingParams(max_tokens=32, temperature=0.8, top_p=0.95, seed=77, ignore_eos=True)
+    base = dict(device="cuda", dtype="float32", block_size=16, max_num_seqs=16)
+    outs = {}
+    for name, kw in {"off": {}, "chain1": dict(num_steps=1), "chain3": dict(num_steps=3),
+                     "tree": dict(num_steps=2, topk=4, num_draft_tokens=8)}.items():
+        llm = LLM(str(d), **(dict(draft=str(h), speculation="always", **kw) if kw else {}), **base)
+        outs[name] = llm.generate([prompt], sp)[0].token_ids
+        res = llm.generate(others[:3] + [prompt] + others[3:],
+                           [SamplingParams(max_tokens=32, temperature=0.8, seed=i, ignore_eos=True) for i in range(3)]
+                           + [sp] + [SamplingParams(max_tokens=32, temperature=0.8, ignore_eos=True)] * 4)
+        outs[name + "-batch"] = res[3].token_ids
+    assert len({tuple(v) for v in outs.values()}) == 1, outs

@@ -47,7 +47,7 @@ class AttnMeta:
     prog_q0: torch.Tensor        # int32 [P]
     block_q: int                 # query rows per program (a power of two)
     block_size: int              # tokens per KV block
-    max_ctx_len: int             # host-side upper bound of ctx_len (reference backend only)
+    max_ctx_len: int             # host-side upper bound of ctx_len (reference: padding; Triton: split-KV)
     max_q_len: int               # host-side upper bound of rows per request
 
     @property

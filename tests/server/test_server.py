@@ -25,7 +25,7 @@ from adaspec.testing import make_eagle3_head, make_tiny_model
 
 MODEL_NAME = "tiny-llama"
 PROMPT = "The quick brown fox"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _free_port() -> int:

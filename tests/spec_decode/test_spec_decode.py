@@ -10,10 +10,10 @@ import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.spec_decode.tree import DraftTree
-from adaspec.spec_decode.verify import verify_greedy, verify_sampled
+from reference import verify_greedy, verify_sampled
 from adaspec.testing import make_eagle3_head, make_tiny_model
-from conftest import assert_matches_reference, hf_greedy
-from test_engine_core import GREEDY, MAX_NEW, prompts_of_lengths
+from helpers import assert_matches_reference, hf_greedy
+from helpers import GREEDY, MAX_NEW, prompts_of_lengths
 
 SHAPES = {
     "chain3": dict(num_steps=3, topk=1),

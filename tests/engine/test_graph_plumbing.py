@@ -16,7 +16,7 @@ import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.engine import cuda_graph
-from test_engine_core import prompts_of_lengths
+from helpers import prompts_of_lengths
 
 
 def _copy_into(dst, src) -> None:

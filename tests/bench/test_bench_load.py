@@ -19,7 +19,7 @@ from adaspec.bench.report import compare_rows, compare_table, make_figure, plot_
 from adaspec.config import add_engine_cli_args
 from adaspec.server.cli import build_serve_parser
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

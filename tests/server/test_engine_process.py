@@ -12,7 +12,7 @@ import pytest
 from adaspec import LLM, SamplingParams
 from adaspec.config import EngineConfig
 from adaspec.server.engine_proc import EngineProcess, EngineProcessDied
-from test_engine_core import prompts_of_lengths
+from helpers import prompts_of_lengths
 
 
 def _drain(ep: EngineProcess, limit_s: float = 120.0) -> dict:

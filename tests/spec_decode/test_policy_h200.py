@@ -28,8 +28,8 @@ import pytest
 from adaspec.config import SpecConfig
 from adaspec.spec_decode.policy import AutoPolicy, StepFeedback
 
-DATA = Path(__file__).parent / "data" / "h200_cost_table.json"
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200" / "fast_path"
+DATA = Path(__file__).parents[1] / "data" / "h200_cost_table.json"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200" / "fast_path"
 TABLE = json.loads(DATA.read_text())
 BATCHES = tuple(TABLE["batch_sizes"])
 STEP = {name: dict(zip(BATCHES, ts)) for name, ts in TABLE["step_time_s"].items()}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from adaspec import LLM, SamplingParams
-from test_engine_core import prompts_of_lengths
+from helpers import prompts_of_lengths
 
 POLICIES = {
     "off": dict(),

@@ -10,7 +10,7 @@ from adaspec import LLM, SamplingParams
 from adaspec.config import SpecConfig
 from adaspec.engine.runner import ModelRunner
 from adaspec.spec_decode.policy import AutoPolicy, SpeculationPolicy, StepFeedback, ThresholdPolicy
-from test_engine_core import prompts_of_lengths
+from helpers import prompts_of_lengths
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 

@@ -86,7 +86,7 @@ def test_tree_contains_the_chain_and_accepts_at_least_as_much(agree_dir, trained
     its acceptance is at least the chain's. A wrong hidden row, mask or position for the
     second depth shows up here as a collapse of depth-2 acceptance."""
     from adaspec import LLM, SamplingParams
-    from test_engine_core import prompts_of_lengths
+    from helpers import prompts_of_lengths
 
     prompts = prompts_of_lengths([6, 11, 17, 4, 9], seed=31)
     sp = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)

@@ -3,7 +3,6 @@ caching, KV accounting, sampling and input validation."""
 from __future__ import annotations
 
 import json
-import random
 import shutil
 
 import pytest
@@ -11,14 +10,9 @@ import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.testing import make_tiny_model
-from conftest import ARCHS, assert_matches_reference, hf_greedy
-
-MAX_NEW = 24
+from helpers import ARCHS, GREEDY, MAX_NEW, assert_matches_reference, hf_greedy, prompts_of_lengths
 
 
-def prompts_of_lengths(lengths, seed=0, vocab=320):
-    rng = random.Random(seed)
-    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
 
 
 def check_against_hf(model_dir, prompts, outs, what):
@@ -29,7 +23,6 @@ def check_against_hf(model_dir, prompts, outs, what):
     assert compared > len(prompts) * MAX_NEW // 2, f"{what}: too few tokens compared ({compared})"
 
 
-GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

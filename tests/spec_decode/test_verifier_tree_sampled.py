@@ -7,7 +7,7 @@ import torch
 
 from adaspec.spec_decode import verifier
 from adaspec.spec_decode.tree import DraftTree
-from adaspec.spec_decode.verify import verify_sampled
+from reference import verify_sampled
 
 V = 6
 # root; children 1 (token 0 = target's favourite), 2 (token 2), 3 (token 5 = least likely);

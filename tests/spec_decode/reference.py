@@ -1,4 +1,5 @@
-"""Verification of a draft tree against the target: pure functions, no engine state.
+"""Test-only host reference of tree verification (the per-tree oracle the batched verifier is
+checked against), one request at a time, in plain Python: no engine state.
 
 Greedy: walk from the root, following the child whose token equals the target's argmax at
 the current node; the argmax at the last accepted node is the bonus token.

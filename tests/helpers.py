@@ -1,0 +1,52 @@
+"""Helpers shared by the tests (fixtures live in conftest.py): tiny prompts, greedy sampling
+parameters, and Hugging Face transformers' own greedy decoding as the reference."""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from adaspec import SamplingParams
+
+ARCHS = ["llama", "llama3", "qwen2", "qwen3", "mistral"]
+NEAR_TIE = 1e-4
+MAX_NEW = 24
+GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
+
+
+def prompts_of_lengths(lengths, seed=0, vocab=320):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+
+_hf_cache: dict = {}
+
+
+def hf_greedy(model_dir: str, prompt: list[int], max_new_tokens: int):
+    """transformers' own greedy generate: (tokens, per-step logits)."""
+    from transformers import AutoModelForCausalLM
+
+    key = (model_dir, tuple(prompt), max_new_tokens)
+    if key not in _hf_cache:
+        if model_dir not in _hf_cache:
+            _hf_cache[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        m = _hf_cache[model_dir]
+        out = m.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=None, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        toks = out.sequences[0, len(prompt):].tolist()
+        _hf_cache[key] = (toks, [lg[0].float() for lg in out.logits])
+    return _hf_cache[key]
+
+
+def assert_matches_reference(got: list[int], ref: list[int], ref_logits: list[torch.Tensor], what: str = "") -> int:
+    """Token-for-token equality; a divergence is tolerated only where the reference's top-2
+    logits are within NEAR_TIE, and nothing after it is compared. Returns tokens compared."""
+    n = min(len(got), len(ref))
+    assert len(got) == len(ref), f"{what}: length {len(got)} != reference {len(ref)}"
+    for i in range(n):
+        if got[i] != ref[i]:
+            top2 = ref_logits[i].topk(2).values
+            gap = float(top2[0] - top2[1])
+            assert gap < NEAR_TIE, f"{what}: token {i} is {got[i]}, reference {ref[i]} (top-2 gap {gap:.2e})\n got {got}\n ref {ref}"
+            return i
+    return n
