@@ -158,6 +158,62 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
     return meta, (ids.t if ids is not None else None), pos.t
 
 
+def stage_decode_steps(stg: Staging, backend, block_table: torch.Tensor, block_size: int, group: int, *,
+                       ctx_len: np.ndarray, kv_start, req_row, positions: np.ndarray, cache_index: np.ndarray,
+                       slots: np.ndarray, max_ctx_len: list[int], shift=None, shift_reqs=None) -> list:
+    """Stage K forwards of one query row per request at once (chain draft steps): the per-step
+    arrays are [K, B] and go in as one field each, so K forwards cost what one does on the
+    host. Returns [(AttnMeta, positions)] per step, each step's fields views of row k (rows
+    start on 16-byte boundaries, see `stage_forward`). With `shift`, the requests
+    `shift_reqs` = (request indices, device rows) are corrected on the device in every step."""
+    K, B = positions.shape
+    b2, n4 = -(-B // 2) * 2, _pad4(B)
+    bq = backend.block_q(1, group, B)
+    prog_req, prog_q0 = launch_plan(np.ones(B, np.int64), bq)
+
+    def padded(a, width, dtype=np.int64):
+        out = np.zeros((K, width), dtype=dtype)
+        out[:, :B] = a
+        return out
+
+    pos = stg.add(padded(positions, b2), torch.int64)
+    slot = stg.add(padded(slots, b2), torch.int64)
+    ci = stg.add(padded(cache_index, n4), torch.int32)
+    per_req = np.zeros((K, 5, n4), dtype=np.int64)
+    per_req[:, 0, :B] = ctx_len
+    per_req[:, 1, :B] = np.asarray(kv_start)
+    per_req[:, 2, :B] = np.asarray(req_row)
+    per_req[:, 3, :B] = ctx_len
+    per_req = stg.add(per_req, torch.int32)
+    q_start = stg.add(np.arange(B + 1), torch.int32)
+    P = len(prog_req)
+    pg_host = np.zeros((2, _pad4(P)), dtype=np.int64)
+    pg_host[:, :P] = np.stack([prog_req, prog_q0]) if P else 0
+    progs = stg.add(pg_host, torch.int32)
+    m = stg.add(np.zeros(1), torch.uint8)
+    if shift is not None:
+        qi, qr = np.asarray(shift_reqs[0], dtype=np.int64), list(shift_reqs[1])
+        steps = np.arange(K)[:, None]
+        rows = qr * K
+        e2 = (steps * b2 + qi).reshape(-1)
+        shift.add(pos, e2, rows)
+        shift.add(ci, (steps * n4 + qi).reshape(-1), rows)
+        shift.add_slots(slot, e2, pos, e2, 1, rows)   # a row's slot is that of position + 1
+        shift.add(per_req, (steps * 5 * n4 + qi).reshape(-1), rows)            # ctx_len
+        shift.add(per_req, (steps * 5 * n4 + 3 * n4 + qi).reshape(-1), rows)   # mask_start
+    out = []
+    pg = progs.t[:, :P]
+    for k in range(K):
+        pr = per_req.t[k, :, :B]
+        meta = AttnMeta(
+            positions=pos.t[k, :B], cache_index=ci.t[k, :B], slot_mapping=slot.t[k, :B], query_start=q_start.t,
+            ctx_len=pr[0], kv_start=pr[1], req_row=pr[2], mask_start=pr[3], mask_offset=pr[4],
+            block_table=block_table, mask=m.t, prog_req=pg[0], prog_q0=pg[1], block_q=bq,
+            block_size=block_size, max_q_len=1, max_ctx_len=max_ctx_len[k])
+        out.append((meta, meta.positions))
+    return out
+
+
 def _pad4(n: int) -> int:
     """n rounded up to a multiple of 4 (int32 elements per 16 bytes)."""
     return -(-n // 4) * 4

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from adaspec.device.shift import Shift
-from adaspec.device.staging import Staging, stage_forward
+from adaspec.device.staging import Staging, stage_decode_steps
 from adaspec.layers.attention import ForwardContext, forward_context
 from adaspec.spec_decode.drafter import TreeDrafter
 
@@ -63,22 +63,25 @@ class ChainDrafter:
         request whose `blocks` is None is padding (no keys, writes nothing, ns = 2 keeps its
         positions >= 0). `max_ctx_len` overrides the bound (graph capture: the longest context).
         The steps' metadata goes to the drafter's own static buffer, laid out per (batch, K)
-        so that a captured draft graph finds it."""
+        so that a captured draft graph finds it; all K steps are staged as one (`stage_decode_steps`)."""
         bs = self.block_size
+        st = np.arange(K, dtype=np.int64)[:, None]
         real = np.array([b is not None for b in blocks])
-        moved_rows = [rows[k] for k in moved]
+        cidx = ns[None, :] - 1 + st                                   # [K, B]
+        ctx = np.where(real[None, :], ns[None, :] + st, 0)
+        slots = np.full((K, len(ns)), -1, dtype=np.int64)
+        for j, (blk, d) in enumerate(zip(blocks, depth)):
+            if blk is not None:
+                for k in range(min(K, d)):
+                    c = int(cidx[k, j])
+                    slots[k, j] = blk[c // bs] * bs + c % bs
+        bound = [max_ctx_len] * K if max_ctx_len is not None else \
+            ([int(c) + slack for c in ctx.max(axis=1)] if len(ns) else [0] * K)
         stg.begin()
-        steps = []
-        for st in range(K):
-            slots = [blk[(n - 1 + st) // bs] * bs + (n - 1 + st) % bs if blk is not None and st < d else -1
-                     for blk, n, d in zip(blocks, ns.tolist(), depth)]
-            ctx = np.where(real, ns + st, 0)
-            meta, _, pos = stage_forward(
-                stg, self.backend, self.block_table, bs, self.group, q_lens=[1] * len(ns), ctx_len=ctx,
-                kv_start=[1] * len(ns), req_row=rows, positions=ns - 2 + st, cache_index=ns - 1 + st, slots=slots,
-                max_ctx_len=max_ctx_len if max_ctx_len is not None else (int(ctx.max()) + slack if len(ctx) else 0),
-                shift=shift if moved else None, shift_rows=(moved, moved_rows), shift_reqs=(moved, moved_rows))
-            steps.append((meta, pos))
+        steps = stage_decode_steps(stg, self.backend, self.block_table, bs, self.group, ctx_len=ctx,
+                                   kv_start=[1] * len(ns), req_row=rows, positions=ns[None, :] - 2 + st,
+                                   cache_index=cidx, slots=slots, max_ctx_len=bound, shift=shift if moved else None,
+                                   shift_reqs=(list(moved), [rows[k] for k in moved]))
         stg.commit()
         return steps
 
