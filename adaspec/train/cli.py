@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=8)
     ap.add_argument("--draft-vocab-size", type=int, default=None, help="default: the target's vocabulary")
     ap.add_argument("--aux-layers", type=str, default=None,
-                    help="comma-separated target layer indices whose inputs feed the head (default: engine's)")
+                    help="three distinct target layer indices whose inputs feed the head, comma-separated (default: "
+                         "2,L/2,L-3 as SGLang and vLLM assume; 1,L/2,L-1 where that repeats a layer, L < 7)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="auto: bfloat16 autocast on GPU, float32 on CPU")
