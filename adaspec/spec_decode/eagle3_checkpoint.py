@@ -158,8 +158,9 @@ def _read_format(cfg: dict, layout: str, layer_arch: str, target_spec: ModelSpec
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"{draft_dir}: num_hidden_layers={n!r} must be a positive integer")
     # The target's own rule (models/registry.py) says which layers slide; a draft layer that
-    # would is refused rather than run with full attention.
-    if any(w is not None for w in sliding_windows(cfg, layer_arch, n)):
+    # would is refused rather than run with full attention. An explicit use_sliding_window=false
+    # (Qwen configs copied into a Llama-layout head) means none does.
+    if cfg.get("use_sliding_window") is not False and any(w is not None for w in sliding_windows(cfg, layer_arch, n)):
         raise ValueError(f"{draft_dir}: sliding-window draft layers are not supported (sliding_window="
                          f"{cfg.get('sliding_window')}, use_sliding_window={cfg.get('use_sliding_window')}, "
                          f"layer_types={cfg.get('layer_types')})")
