@@ -8,7 +8,7 @@ COMMANDS = {
     "generate": ("adaspec.server.cli", "generate_main", "generate for one prompt and print it"),
     "bench": ("adaspec.bench.cli", "bench_main", "sweep concurrency levels against a server"),
     "compare": ("adaspec.bench.cli", "compare_main", "start the server per configuration and compare"),
-    "train-draft": ("adaspec.spec_decode.train", "main", "train a small EAGLE-3 head on a target's own outputs"),
+    "train-draft": ("adaspec.train.cli", "main", "train a small EAGLE-3 head on a target's own outputs"),
 }
 
 

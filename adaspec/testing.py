@@ -99,15 +99,14 @@ def make_eagle3_head(path: str | os.PathLike, target_dir: str | os.PathLike, *, 
                      seed: int = 1, aux_layer_ids: list[int] | None = None, init_std: float = 0.2,
                      state_dict: dict[str, torch.Tensor] | None = None, with_embed: bool = False,
                      torch_dtype: str = "float32") -> Path:
-    """Write an EAGLE-3 head (SpecForge / SGLang layout) sized for `target_dir`.
+    """Write an EAGLE-3 head (SpecForge / SGLang layout, through `save_eagle3`) sized for `target_dir`.
 
-    With `state_dict` the given tensors are written instead of random ones (the trainer and
-    tests); `torch_dtype` is what config.json says they are. `draft_vocab_size=None` writes a full-vocabulary head without d2t.
+    `aux_layer_ids` are SpecForge's ids (layer outputs: the input of id + 1 is captured).
+    With `state_dict` the given tensors are written instead of random ones; `torch_dtype` is
+    what config.json says they are. `draft_vocab_size=None` writes a full-vocabulary head without d2t.
     """
-    from safetensors.torch import save_file
+    from adaspec.spec_decode.eagle3_checkpoint import save_eagle3
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     tcfg = json.loads((Path(target_dir) / "config.json").read_text())
     H = tcfg["hidden_size"]
     V = tcfg["vocab_size"]
@@ -116,18 +115,6 @@ def make_eagle3_head(path: str | os.PathLike, target_dir: str | os.PathLike, *, 
     hd = H // nh
     inter = tcfg["intermediate_size"]
     Vd = draft_vocab_size or V
-    cfg = {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-        "hidden_size": H, "intermediate_size": inter, "num_attention_heads": nh,
-        "num_key_value_heads": nkv, "num_hidden_layers": 1, "vocab_size": V,
-        "draft_vocab_size": draft_vocab_size, "rms_norm_eps": tcfg.get("rms_norm_eps", 1e-6),
-        "max_position_embeddings": tcfg.get("max_position_embeddings", 2048),
-        "rope_theta": (tcfg.get("rope_parameters") or {}).get("rope_theta", tcfg.get("rope_theta", 10000.0)),
-        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": torch_dtype,
-    }
-    if aux_layer_ids is not None:
-        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux_layer_ids}
-    (path / "config.json").write_text(json.dumps(cfg, indent=2))
     if state_dict is None:
         g = torch.Generator().manual_seed(seed)
 
@@ -158,8 +145,9 @@ def make_eagle3_head(path: str | os.PathLike, target_dir: str | os.PathLike, *, 
             state_dict["t2d"] = t2d
         if with_embed:
             state_dict["embed_tokens.weight"] = rnd(V, H)
-    save_file({k: v.contiguous() for k, v in state_dict.items()}, str(path / "model.safetensors"))
-    return path
+    aux = None if aux_layer_ids is None else tuple(i + 1 for i in aux_layer_ids)
+    return save_eagle3(path, target_dir, state_dict, aux_layers=aux, draft_vocab_size=draft_vocab_size,
+                       torch_dtype=torch_dtype)
 
 
 def main(argv: list[str] | None = None) -> int:

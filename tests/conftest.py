@@ -45,7 +45,7 @@ def agree_dir(tmp_path_factory):
 def trained_head_result(agree_dir, tmp_path_factory):
     """An EAGLE-3 head trained for 300 steps on `agree_dir`'s own greedy continuations: it
     partly agrees with the target and relies on its KV cache. (head dir, training result)"""
-    from adaspec.spec_decode.train import train_eagle3_head
+    from adaspec.train import train_eagle3_head
 
     out = tmp_path_factory.mktemp("trained") / "head"
     # Hard labels: the tiny target's distributions are flat, and greedy acceptance needs its argmax.

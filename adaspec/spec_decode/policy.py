@@ -2,8 +2,8 @@
 
 Once per step, before any KV slot is reserved, the scheduler calls
 `policy.decide(batch_size)` and gets the draft shape for the step (None = no speculation).
-The scheduler then applies per-request caps (opt-out, `max_draft_tokens`, tokens left) and
-reserves exactly what the resulting plan says. After the step the engine reports what
+The scheduler then applies per-request caps (`request_shape`: opt-out, `max_draft_tokens`,
+tokens left) and reserves exactly what the resulting plan says. After the step the engine reports what
 happened through `policy.observe(feedback)`, which is how `auto` learns.
 """
 from __future__ import annotations
@@ -250,6 +250,17 @@ class AutoPolicy(SpeculationPolicy):
         if self.cfg.auto_profile:
             for (b, d), t in profile(self.shapes).items():
                 self._sample((d, self.bucket(b)), t)
+
+
+def request_shape(shape: DraftShape | None, speculate: bool, max_draft_tokens: int | None,
+                  tokens_left: int) -> DraftShape | None:
+    """One request's cap of the step's shape (the scheduler's `draft_budget`): None when it
+    opts out (`speculate=False`); at most `max_draft_tokens` draft tokens verified, tree nodes
+    included (SamplingParams.max_draft_tokens, as documented); no deeper than
+    `tokens_left - 1`, since drafting past the last token it may emit is wasted work and KV."""
+    if shape is None or not speculate:
+        return None
+    return shape.capped(tokens_left - 1, max_draft_tokens)
 
 
 POLICIES: dict[str, type[SpeculationPolicy]] = {

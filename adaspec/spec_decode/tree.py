@@ -34,14 +34,21 @@ class DraftShape:
         frontier nodes of drafting steps 2..num_steps (draft), whichever is more."""
         return max(self.num_draft_tokens - 1, self.topk * (self.num_steps - 1))
 
-    def capped(self, max_depth: int) -> "DraftShape | None":
-        """The same shape limited to `max_depth` levels (None when nothing is left)."""
-        if max_depth >= self.num_steps:
-            return self
+    def capped(self, max_depth: int, max_nodes: int | None = None) -> "DraftShape | None":
+        """The same shape limited to `max_depth` levels and, if given, to `max_nodes` draft
+        tokens verified (root excluded; a path of n nodes is at most n deep). None when
+        nothing is left; the shape itself when neither limit bites."""
+        if max_nodes is not None and max_nodes < self.num_nodes:
+            max_depth = min(max_depth, max_nodes)
         if max_depth < 1:
             return None
-        most = self.topk + (max_depth - 1) * self.topk * self.topk
-        return DraftShape(max_depth, self.topk, min(self.num_draft_tokens, most + 1))
+        shape = self
+        if max_depth < self.num_steps:
+            most = self.topk + (max_depth - 1) * self.topk * self.topk
+            shape = DraftShape(max_depth, self.topk, min(self.num_draft_tokens, most + 1))
+        if max_nodes is not None and max_nodes < shape.num_nodes:
+            shape = DraftShape(shape.num_steps, shape.topk, max_nodes + 1)
+        return shape
 
     def __str__(self) -> str:
         return f"chain{self.num_steps}" if self.topk == 1 else f"tree(s{self.num_steps},k{self.topk},n{self.num_draft_tokens})"

@@ -113,7 +113,7 @@ def main() -> int:
     a = ap.parse_args()
     from adaspec import LLM, SamplingParams
     from adaspec.demo import DEMO_HEAD, DEMO_TARGET
-    from adaspec.spec_decode.train import acceptance_lengths
+    from adaspec.train.evaluate import acceptance_lengths
 
     target, head = a.target or str(DEMO_TARGET), a.head or str(DEMO_HEAD)
     files = [json.loads(line) for line in open(Path(a.data) / "heldout.jsonl")]

@@ -159,7 +159,7 @@ def main() -> int:
                     help="leave the tokenizer files (already in DATA_DIR) out of OUT_DIR/target")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny target, few steps")
     args = ap.parse_args()
-    from adaspec.spec_decode.train import train_eagle3_head
+    from adaspec.train import train_eagle3_head
 
     data, out = Path(args.data), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

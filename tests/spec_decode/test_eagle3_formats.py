@@ -128,23 +128,35 @@ def write_vllm(path: Path, *, num_layers: int, aux_input_ids: list[int], seed: i
     return path
 
 
+# speculators' transformer_layer_config per draft layer kind (Qwen3: its default, with q/k norms).
+LAYER_CONFIGS = {
+    "llama": {"architectures": ["LlamaForCausalLM"]},
+    "qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
+              "use_sliding_window": False, "sliding_window": None, "max_window_layers": 28},
+}
+
+
 def write_speculators(path: Path, target_embed: torch.Tensor, *, norm_before_fc: bool, fc_norm: bool,
                       norm_output: bool, embed_requires_grad: bool, aux_input_ids: list[int], seed: int = 4,
-                      model_type: str = "eagle3") -> Path:
-    """speculators' Eagle3Speculator: Llama fields under transformer_layer_config, layers.{i}.*,
-    embed_tokens saved (the target's copy unless embed_requires_grad), input_norm / fc_norm."""
+                      model_type: str = "eagle3", layer: str = "llama", layer_extra: dict | None = None,
+                      extra_cfg: dict | None = None) -> Path:
+    """speculators' Eagle3Speculator: Llama (or Qwen3) fields under transformer_layer_config,
+    layers.{i}.*, embed_tokens saved (the target's copy unless embed_requires_grad),
+    input_norm / fc_norm; Qwen3 layers carry self_attn.q_norm / k_norm (per head, HD wide)."""
     from safetensors.torch import save_file
 
     path.mkdir(parents=True)
     g = torch.Generator().manual_seed(seed)
     cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": model_type,
-           "transformer_layer_config": {**_draft_llama_fields(), "architectures": ["LlamaForCausalLM"]},
+           "transformer_layer_config": {**_draft_llama_fields(), **LAYER_CONFIGS[layer], **(layer_extra or {})},
            "draft_vocab_size": 200, "norm_before_residual": True, "norm_before_fc": norm_before_fc,
            "fc_norm": fc_norm, "norm_output": norm_output, "embed_requires_grad": embed_requires_grad,
            "eagle_aux_hidden_state_layer_ids": aux_input_ids, "target_hidden_size": None,
-           "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "target"}}}
+           "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "target"}}, **(extra_cfg or {})}
     (path / "config.json").write_text(json.dumps(cfg))
     sd = _head_tensors(g, first="layers.0.", draft_vocab=200, num_aux=len(aux_input_ids))
+    if layer == "qwen3":
+        sd.update({f"layers.0.self_attn.{n}.weight": _norm_w(g, HD) for n in ("q_norm", "k_norm")})
     if norm_before_fc:
         sd["input_norm.weight"] = _norm_w(g, len(aux_input_ids) * H)
     if fc_norm:
@@ -173,8 +185,11 @@ def _rope(x, pos):  # x [T, n, HD], Hugging Face's rotate-half convention
 
 def _attn(W, p, x, pos):
     T = x.shape[0]
-    q = _rope((x @ W[p + "self_attn.q_proj.weight"].T).view(T, NH, HD), pos)
-    k = _rope((x @ W[p + "self_attn.k_proj.weight"].T).view(T, NKV, HD), pos)
+    q = (x @ W[p + "self_attn.q_proj.weight"].T).view(T, NH, HD)
+    k = (x @ W[p + "self_attn.k_proj.weight"].T).view(T, NKV, HD)
+    if p + "self_attn.q_norm.weight" in W:  # Qwen3 layers: RMSNorm of each head's q and k, before rotary
+        q, k = _rms(q, W[p + "self_attn.q_norm.weight"]), _rms(k, W[p + "self_attn.k_norm.weight"])
+    q, k = _rope(q, pos), _rope(k, pos)
     v = (x @ W[p + "self_attn.v_proj.weight"].T).view(T, NKV, HD)
     k, v = k.repeat_interleave(NH // NKV, 1), v.repeat_interleave(NH // NKV, 1)
     s = torch.einsum("qhd,khd->hqk", q, k) / HD ** 0.5
@@ -341,6 +356,62 @@ def test_own_embedding_is_used_when_it_differs(llama_dir, target, tmp_path):
     d = write_specforge(tmp_path / "own", emb, fc_norm=False, norm_output=None, aux_output_ids=[0, 1, 2])
     llm = _check_drafts(llama_dir, target, d, {"first": "midlayer."}, [1, 2, 3], embed=emb)
     assert llm.engine.runner.draft.embed_tokens is not None
+
+
+def test_lightly_fine_tuned_embedding_is_used(llama_dir, target, tmp_path, caplog):
+    """An embedding within 0.1% of the target's is still the head's own (vLLM uses a
+    checkpoint's embed_tokens whenever present); only an exact copy, also one rounded to the
+    checkpoint's dtype, is dropped. The load log names the embedding used."""
+    g = torch.Generator().manual_seed(11)
+    emb = target[1] * (1 + 1e-3 * torch.randn(target[1].shape, generator=g))
+    d = write_specforge(tmp_path / "tuned", emb, fc_norm=False, norm_output=None, aux_output_ids=[0, 1, 2])
+    with caplog.at_level("INFO", logger="adaspec"):
+        llm = _check_drafts(llama_dir, target, d, {"first": "midlayer."}, [1, 2, 3], embed=emb)
+    assert llm.engine.runner.draft.embed_tokens is not None
+    assert "embedding: the head's own embed_tokens" in caplog.text
+    caplog.clear()
+    half = write_specforge(tmp_path / "half", target[1].half(), fc_norm=False, norm_output=None,
+                           aux_output_ids=[0, 1, 2])
+    with caplog.at_level("INFO", logger="adaspec"):
+        assert _load(llama_dir, half).embed_tokens is None
+    assert "exact copy" in caplog.text
+
+
+def test_speculators_qwen3_layer_head(llama_dir, target, tmp_path):
+    """speculators' Qwen3 draft layer: per-head RMSNorm of q and k before rotary."""
+    d = write_speculators(tmp_path / "q3", target[1], norm_before_fc=False, fc_norm=False, norm_output=False,
+                          embed_requires_grad=False, aux_input_ids=[0, 2, 3], layer="qwen3")
+    llm = _check_drafts(llama_dir, target, d, {"first": "layers.0.", "norm_before_residual": True}, [0, 2, 3])
+    assert llm.engine.runner.draft.midlayer.self_attn.qk_norm
+
+
+@pytest.mark.parametrize("layer,layer_extra", [
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0}),
+    ("llama", {"sliding_window": 8, "layer_types": ["sliding_attention"]}),
+])
+def test_sliding_window_draft_layers_are_refused(llama_dir, target, tmp_path, layer, layer_extra):
+    d = write_speculators(tmp_path / "sw", target[1], norm_before_fc=False, fc_norm=False, norm_output=False,
+                          embed_requires_grad=False, aux_input_ids=[0, 2, 3], layer=layer, layer_extra=layer_extra)
+    with pytest.raises(ValueError, match="sliding-window"):
+        _load(llama_dir, d)
+
+
+def test_specforge_head_converted_by_speculators(llama_dir, target, tmp_path, caplog):
+    """A SpecForge EAGLE-3.1 head (fc_norm; norm_output=false: lm_head reads the un-normed
+    hidden) converted to speculators' layout keeps SpecForge's meaning of norm_output when the
+    config names SpecForge as its source; without that, a warning says how it was read."""
+    d = write_speculators(tmp_path / "conv", target[1], norm_before_fc=False, fc_norm=True, norm_output=False,
+                          embed_requires_grad=False, aux_input_ids=[1, 2, 3],
+                          extra_cfg={"norm_before_residual": False, "source": "SpecForge"})
+    v = {"first": "layers.0.", "fc_norm": True, "num_aux": 3, "norm_logits": False}
+    llm = _check_drafts(llama_dir, target, d, v, [1, 2, 3])
+    fmt = llm.engine.runner.draft.fmt
+    assert "SpecForge" in fmt.layout and not fmt.norm_logits and not fmt.feed_normed
+    unknown = write_speculators(tmp_path / "unknown", target[1], norm_before_fc=False, fc_norm=True,
+                                norm_output=True, embed_requires_grad=False, aux_input_ids=[1, 2, 3])
+    with caplog.at_level("WARNING", logger="adaspec"):
+        head = _load(llama_dir, unknown)
+    assert head.fmt.feed_normed and "SpecForge EAGLE-3.1" in caplog.text
 
 
 # ---- refusals --------------------------------------------------------------------------------------

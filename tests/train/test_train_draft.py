@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from adaspec import LLM, SamplingParams
-from adaspec.spec_decode.train import main, replay_chain_acceptance, train_eagle3_head
+from adaspec.train import train_eagle3_head
+from adaspec.train.cli import main
+from adaspec.train.evaluate import replay_chain_acceptance
 from adaspec.testing import make_eagle3_head
 
 NUM_STEPS = 3
@@ -61,7 +63,10 @@ def test_training_result(trained):
     assert all(0.3 < a < 0.95 for a in r["acc"]), r
     assert (head / "config.json").exists() and (head / "model.safetensors").exists()
     cfg = json.loads((head / "config.json").read_text())
-    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and "eagle_config" not in cfg
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    # A 4-layer target: the upstream default (2, 2, 1) repeats a layer, so the trainer captures
+    # the inputs of layers 1, 2, 3 and writes them (a default is not written: test_train_interop).
+    assert r["aux_layers"] == [1, 2, 3] and cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
 
 
 def test_speculation_is_lossless_and_partly_accepted(trained, prompts, baseline):
@@ -129,7 +134,7 @@ def _jsonl(path, records):
 
 
 def test_prompt_formats():
-    from adaspec.spec_decode.train import prompt_of_record
+    from adaspec.train.data import prompt_of_record
 
     assert prompt_of_record({"prompt": "def f("}) == ("def f(", False)
     assert prompt_of_record({"prompt_ids": [5, 6]}) == ([5, 6], False)
