@@ -89,7 +89,7 @@ class ModelRunner:
         self.block_size = cfg.cache.block_size
         self.draft = None
         if cfg.spec.enabled:
-            from adaspec.spec_decode.eagle3 import load_eagle3
+            from adaspec.spec_decode.eagle3_checkpoint import load_eagle3
             self.draft = load_eagle3(cfg.spec.draft, self.model_spec, self.model.embed_tokens, self.device,
                                      self.dtype, cfg.load_format, cfg.seed)
             self.draft.fuse()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from adaspec.config import SchedulerConfig
 from adaspec.engine.kv_cache import KVCacheManager
 from adaspec.engine.request import Request, Status
-from adaspec.spec_decode.policy import SpeculationPolicy
+from adaspec.spec_decode.policy import SpeculationPolicy, request_shape
 from adaspec.spec_decode.tree import DraftShape
 
 
@@ -117,14 +117,8 @@ class Scheduler:
     # ---- the plan -------------------------------------------------------------------------
     def draft_budget(self, req: Request, shape: DraftShape | None) -> DraftShape | None:
         """Per-request cap of the policy's shape: opt-out, max_draft_tokens, tokens left."""
-        if shape is None or not req.params.speculate:
-            return None
-        depth = shape.num_steps
-        if req.params.max_draft_tokens is not None:
-            depth = min(depth, req.params.max_draft_tokens)
-        # Drafting past the last token the request may emit is wasted work and KV.
         left = min(req.params.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens)
-        return shape.capped(min(depth, left - 1))
+        return request_shape(shape, req.params.speculate, req.params.max_draft_tokens, left)
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()

@@ -156,13 +156,3 @@ class Eagle3Head(nn.Module):
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
-
-
-
-def __getattr__(name: str):
-    # engine/runner.py still imports load_eagle3 from here; drop this once it imports from
-    # eagle3_checkpoint (issue 19). Lazy: eagle3_checkpoint imports this module.
-    if name == "load_eagle3":
-        from adaspec.spec_decode.eagle3_checkpoint import load_eagle3
-        return load_eagle3
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

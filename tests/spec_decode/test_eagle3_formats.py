@@ -418,7 +418,7 @@ def test_specforge_head_converted_by_speculators(llama_dir, target, tmp_path, ca
 
 def _load(llama_dir, head_dir):
     from adaspec.models.loader import load_model
-    from adaspec.spec_decode.eagle3 import load_eagle3
+    from adaspec.spec_decode.eagle3_checkpoint import load_eagle3
 
     model, spec, _ = load_model(llama_dir, torch.device("cpu"), "float32")
     return load_eagle3(head_dir, spec, model.embed_tokens, torch.device("cpu"), torch.float32)

@@ -37,8 +37,6 @@ def test_request_shape_caps_verified_tokens(shape):
     assert request_shape(shape, True, None, tokens_left=1) is None
 
 
-@pytest.mark.xfail(strict=True, reason="needs Scheduler.draft_budget to call policy.request_shape "
-                                       "(engine/scheduler.py; see the train branch's report)")
 def test_tree_requests_verify_at_most_max_draft_tokens(llama_dir, tmp_path):
     """Each request's verified draft tokens per step, counted by the engine, stay within its
     own cap while the others verify the full tree; output is unchanged."""

@@ -8,7 +8,6 @@ import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.config import SpecConfig
-from adaspec.engine.runner import ModelRunner
 from adaspec.spec_decode.policy import AutoPolicy, SpeculationPolicy, StepFeedback, ThresholdPolicy
 from helpers import prompts_of_lengths
 
@@ -84,7 +83,7 @@ def accept_after(engine, prompt, n_tokens, off_range=None):
         done = len(engine.requests["fresh"].output_token_ids) if "fresh" in engine.requests else n_tokens
         pol.off = off_range is not None and off_range[0] <= done < off_range[1]
         if base is None and done >= measure_from:
-            base = dict(engine.requests["fresh"].spec.as_dict())
+            base = dict(engine.requests["fresh"].spec_stats.as_dict())
         for o in engine.step():
             final = o
     spec = final.spec
@@ -122,12 +121,13 @@ def test_draft_stays_fresh_through_an_off_period(agree_dir, trained_head, monkey
     assert abs(interrupted - uninterrupted) < 0.15 * uninterrupted, (interrupted, uninterrupted)
 
     # Sensitivity check: a stale draft (the peers' bug) loses acceptance measurably.
-    original = ModelRunner._refresh_arrays
+    from adaspec.engine import runner as runner_mod
+    original = runner_mod.refresh_entries
 
-    def stale(self, sched, lay, reqs, *rest):
+    def stale(sched, lay, *rest):
         keep = [i for i, s in enumerate(sched) if s.draft is not None or s.num_new_tokens > 1]
-        return original(self, [sched[i] for i in keep], [lay[i] for i in keep], [reqs[i] for i in keep], *rest)
-    monkeypatch.setattr(ModelRunner, "_refresh_arrays", stale)
+        return original([sched[i] for i in keep], [lay[i] for i in keep], *rest)
+    monkeypatch.setattr(runner_mod, "refresh_entries", stale)
     _, stale_acc = measure((n // 3, 2 * n // 3))
     assert stale_acc < interrupted - 0.1, (stale_acc, interrupted)
 
