@@ -179,6 +179,7 @@ def test_kernel_launch_parameters_do_not_change_the_result():
 
 
 @needs_triton
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["glm4_moe", "qwen2_moe"])
 def test_sparse_block_with_shared_experts_on_the_kernel(arch, tmp_path, monkeypatch):
     """A whole sparse block (router, experts, shared expert(s), Qwen2's sigmoid gate) through the
@@ -206,3 +207,29 @@ def test_dispatch_uses_the_reference_on_cpu(monkeypatch):
     w13, w2 = _experts(2, 8, 4)
     moe_layer.fused_experts(x, w13, w2, torch.ones(2, 1), torch.zeros(2, 1, dtype=torch.long))
     assert called == [1]
+
+
+@needs_triton
+@pytest.mark.parametrize("E,k,renorm", [(8, 2, True), (6, 4, False), (128, 8, True), (4, 1, False)])
+def test_fused_softmax_router_matches_torch(E, k, renorm):
+    from adaspec.layers.moe.routing import softmax_topk
+    from adaspec.layers.moe.triton_kernels import softmax_topk_triton
+
+    logits = torch.randn(7, E, generator=torch.Generator().manual_seed(E))
+    cfg = RouterConfig("softmax", E, k, renormalize=renorm)
+    w_ref, ids_ref = softmax_topk(logits, cfg)
+    w, ids = softmax_topk_triton(logits, k, renorm)
+    assert ids.dtype == torch.int64 and torch.equal(ids, ids_ref)   # both in descending weight order
+    torch.testing.assert_close(w, w_ref, rtol=1e-6, atol=1e-7)
+
+
+@needs_triton
+def test_warm_up_runs_every_bucket(monkeypatch):
+    from adaspec.layers.moe import triton_kernels as tk
+
+    seen = []
+    monkeypatch.setattr(tk, "fused_experts_triton", lambda x, *a, **k: seen.append(x.shape[0]))
+    w13, w2 = _experts(4, 16, 8)
+    assert tk.warm_up(w13, w2, 2, torch.float32) == len(tk._table("E4_H16_I8")) == len(seen)
+    assert len(set(tk.launch_config(t * 2, 4, 16, 8)["BLOCK_M"] for t in seen)) == len(
+        set(c["BLOCK_M"] for c in tk._table("E4_H16_I8").values()))

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from adaspec.layers.fused_ops import use_triton
+
 
 @dataclass(frozen=True)
 class RouterConfig:
@@ -78,8 +80,22 @@ def sigmoid_group_topk(logits: torch.Tensor, cfg: RouterConfig, bias: torch.Tens
 ROUTERS: dict[str, Callable] = {"softmax": softmax_topk, "sigmoid_group": sigmoid_group_topk}
 
 
+def _softmax_topk_fused(logits: torch.Tensor, cfg: RouterConfig, bias: torch.Tensor | None = None):
+    from adaspec.layers.moe.triton_kernels import softmax_topk_triton
+
+    weights, ids = softmax_topk_triton(logits, cfg.top_k, cfg.renormalize)
+    return weights * cfg.scaling if cfg.scaling != 1.0 else weights, ids
+
+
+#: One-launch versions where they exist (on CUDA: the torch versions are ~6 small kernels each,
+#: which at batch 1 is most of a sparse layer's launch time, x48 layers).
+FUSED_ROUTERS: dict[str, Callable] = {"softmax": _softmax_topk_fused}
+
+
 def route(logits: torch.Tensor, cfg: RouterConfig, bias: torch.Tensor | None = None):
-    """(weights fp32 [T, k], ids int64 [T, k]) for router logits [T, E] under `cfg`."""
+    """(weights fp32 [T, k], ids int64 [T, k]) for router logits [T, E] under `cfg`. On CUDA
+    (or under ADASPEC_TRITON_INTERPRET=1) a kind with a fused kernel runs it."""
     if logits.dim() != 2 or logits.shape[1] != cfg.num_experts:
         raise ValueError(f"route: logits {tuple(logits.shape)} are not [T, {cfg.num_experts}]")
-    return ROUTERS[cfg.kind](logits, cfg, bias)
+    fn = FUSED_ROUTERS.get(cfg.kind) if use_triton(logits) else None
+    return (fn or ROUTERS[cfg.kind])(logits, cfg, bias)

@@ -60,7 +60,8 @@ def launch_config(num_pairs: int, E: int, H: int, I: int) -> dict:
 
 if triton is not None:
 
-    @triton.jit
+    # N and max_blocks vary with the batch: not specialised, so one compile serves every batch.
+    @triton.jit(do_not_specialize=["N", "max_blocks"])
     def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, N, max_blocks,
                       E_PAD: tl.constexpr, BM: tl.constexpr, CHUNK: tl.constexpr, BLK: tl.constexpr):
         e = tl.arange(0, E_PAD)
@@ -159,6 +160,47 @@ if triton is not None:
         tl.store(out_ptr + pair[:, None] * stride_o + n[None, :], y.to(ty), mask=r_ok[:, None] & n_ok[None, :])
 
 
+if triton is not None:
+
+    @triton.jit
+    def _softmax_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, K: tl.constexpr, K_PAD: tl.constexpr,
+                             E_PAD: tl.constexpr, RENORM: tl.constexpr):
+        """One token per program: softmax over E logits, top-K by repeated argmax (lowest id
+        first among ties), optional renormalisation; weights fp32, ids int64."""
+        row = tl.program_id(0).to(tl.int64)
+        e = tl.arange(0, E_PAD)
+        x = tl.load(logits_ptr + row * stride_l + e, mask=e < E, other=float("-inf")).to(tl.float32)
+        p = tl.exp(x - tl.max(x, axis=0))
+        p = p / tl.sum(p, axis=0)
+        p = tl.where(e < E, p, -1.0)
+        j = tl.arange(0, K_PAD)
+        w = tl.zeros([K_PAD], dtype=tl.float32)
+        ids = tl.zeros([K_PAD], dtype=tl.int64)
+        for i in tl.static_range(K):
+            v = tl.max(p, axis=0)
+            at = tl.min(tl.where(p == v, e, E_PAD), axis=0)
+            w = tl.where(j == i, v, w)
+            ids = tl.where(j == i, at.to(tl.int64), ids)
+            p = tl.where(e == at, -1.0, p)
+        if RENORM:
+            w = w / tl.sum(tl.where(j < K, w, 0.0), axis=0)
+        tl.store(w_ptr + row * K + j, w, mask=j < K)
+        tl.store(ids_ptr + row * K + j, ids, mask=j < K)
+
+
+def softmax_topk_triton(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """routing.softmax_topk in one launch (no scaling): (weights fp32 [T, k], ids int64 [T, k])."""
+    T, E = logits.shape
+    w = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
+    if T:
+        if logits.stride(1) != 1:
+            logits = logits.contiguous()
+        _softmax_topk_kernel[(T,)](logits, w, ids, E, logits.stride(0), K=top_k, K_PAD=max(_next_pow2(top_k), 2),
+                                   E_PAD=max(_next_pow2(E), 16), RENORM=renormalize, num_warps=1 if E <= 256 else 4)
+    return w, ids
+
+
 def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sorted pairs [max_blocks * block_m] int32, block expert [max_blocks] int32 (-1: unused
     block), block valid rows [max_blocks] int32) for ids [T, k]. Rows past a block's valid count
@@ -202,3 +244,18 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w
         inter, w2, out_k, weights.reshape(-1).contiguous(), sorted_pairs, block_expert, block_rows, H, I,
         inter.stride(0), w2.stride(0), w2.stride(1), out_k.stride(0), IEEE=ieee, BM=BM, BN=BN, BK=BK, **launch)
     return out_k.view(T, k, H).sum(dim=1) if k > 1 else out_k.view(T, H)
+
+
+def warm_up(w13: torch.Tensor, w2: torch.Tensor, top_k: int, dtype: torch.dtype) -> int:
+    """Compile every launch configuration of the table for these expert weights (one call per
+    bucket), so no JIT compile happens while serving; returns the number of calls."""
+    E, I2, H = w13.shape
+    table = _table(f"E{E}_H{H}_I{I2 // 2}")
+    n = 0
+    for bound in sorted(table):
+        T = max(1, min(bound, 8192) // top_k)
+        x = torch.zeros(T, H, dtype=dtype, device=w13.device)
+        ids = (torch.arange(T * top_k, device=w13.device) % E).view(T, top_k)
+        fused_experts_triton(x, w13, w2, torch.ones(T, top_k, dtype=torch.float32, device=w13.device), ids)
+        n += 1
+    return n
