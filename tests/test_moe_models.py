@@ -129,7 +129,7 @@ def test_sharded_checkpoint_splits_a_layers_experts(tmp_path):
     check_against_hf(str(d), prompts, LLM(str(d), device="cpu", dtype="float32").generate(prompts, GREEDY), "sharded")
 
 
-def test_missing_expert_tensor_is_named(moe_dirs, tmp_path):
+def test_missing_expert_tensor_is_named(tmp_path):
     d = make_moe_model(tmp_path / "m", "mixtral")
     tensors = load_file(str(d / "model.safetensors"))
     del tensors["model.layers.2.block_sparse_moe.experts.3.w3.weight"]
