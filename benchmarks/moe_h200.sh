@@ -12,7 +12,8 @@
 #   4. gpu_fast_path.py --shape qwen3-30b-a3b: decode (off) and verify (chain3) engine steps
 #      at b = 1, 16, 64, 256 with dummy weights, against the probe's roofline, using the
 #      sweep's launch table                                                                  ~3 min
-#   5. the tiny-model GPU test (graphs on, speculation off/on) equal to transformers         ~1 min
+#   5. tiny Qwen3-MoE and GLM-4.5 models on the GPU (graphs on, speculation off/on) equal to
+#      transformers                                                                        ~1 min
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/tmp/moe}
@@ -36,8 +37,8 @@ run() {  # run LIMIT_S NAME CMD...: output to $OUT/NAME.log, status to moe_h200.
 
 run 80 conformance $PY -m pytest -q -p no:cacheprovider tests/gpu/test_moe_gpu.py -k "kernel" -x
 
-run 140 sweep $PY benchmarks/kernels/moe_sweep.py --json "$OUT/moe_sweep.json" \
-    --configs-out "$OUT/moe_configs.json" --budget-s 110
+run 120 sweep $PY benchmarks/kernels/moe_sweep.py --json "$OUT/moe_sweep.json" \
+    --configs-out "$OUT/moe_configs.json" --budget-s 95
 if [ -s "$OUT/moe_configs.json" ]; then   # the engine's kernel reads its launch table from here
     cp "$OUT/moe_configs.json" adaspec/layers/moe/moe_configs.json
     log "using the sweep's launch table"
@@ -50,10 +51,10 @@ else
 fi
 
 if [ -s "$OUT/moe_physics.json" ]; then
-    run 180 fast_path $PY benchmarks/gpu_fast_path.py --shape qwen3-30b-a3b --physics "$OUT/moe_physics.json" \
+    run 170 fast_path $PY benchmarks/gpu_fast_path.py --shape qwen3-30b-a3b --physics "$OUT/moe_physics.json" \
         --physics-key roofline_ms --batches 1,16,64,256 --configs off,chain3 --skip generate,throughput \
         --out "$OUT/gpu_fast_path_moe.json"
 fi
 
-run 50 model_gpu $PY -m pytest -q -p no:cacheprovider tests/gpu/test_moe_gpu.py -k "model" -x
+run 80 model_gpu $PY -m pytest -q -p no:cacheprovider tests/gpu/test_moe_gpu.py -k "model and (qwen3_moe or glm4_moe)" -x
 log "done; results in $OUT"
