@@ -182,3 +182,32 @@ def test_speculation_is_lossless_with_a_moe_target(moe_dirs, tmp_path, name, aux
     assert st["verify_steps"] > 0 and st["draft_tokens"] > 0
     assert st["num_preemptions"] > 0 and st["prefix_cache_hit_tokens"] > 0
     assert st["num_free_blocks"] == st["num_total_blocks"]
+
+
+@pytest.mark.slow
+def test_sampled_speculation_with_a_moe_target_follows_its_distribution(tmp_path):
+    """Vocabulary of 8, Qwen2-MoE (shared expert + gate): the joint law of the first two tokens
+    under speculation (the second from a verify step) is the target's p(t1) p(t2 | t1)."""
+    from transformers import AutoModelForCausalLM
+
+    from adaspec import SamplingParams
+    from test_spec_decode import chi2_pvalue
+
+    d = make_moe_model(tmp_path / "v8", "qwen2_moe", vocab_size=8, init_std=0.1)
+    head = make_eagle3_head(tmp_path / "h8", d)
+    prompt, temp = [1, 5, 3, 2, 7], 1.3
+    hf = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
+    with torch.no_grad():
+        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1] / temp, -1)
+        p2 = torch.softmax(hf(torch.tensor([[*prompt, t] for t in range(8)])).logits[:, -1] / temp, -1)
+    expected = {(a, b): float(p1[a] * p2[a, b]) for a in range(8) for b in range(8)}
+    llm = LLM(str(d), draft=str(head), speculation="always", num_steps=2, topk=2, num_draft_tokens=4,
+              device="cpu", dtype="float32", seed=7)
+    n = 2000
+    outs = llm.generate([prompt] * n, SamplingParams(max_tokens=3, temperature=temp, ignore_eos=True))
+    counts: dict = {}
+    for o in outs:
+        counts[tuple(o.token_ids[:2])] = counts.get(tuple(o.token_ids[:2]), 0) + 1
+    st = llm.stats()
+    assert st["verify_steps"] >= n and 0 < st["accepted_tokens"] < st["draft_tokens"]
+    assert chi2_pvalue(counts, expected, n) > 1e-3
