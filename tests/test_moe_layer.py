@@ -100,7 +100,8 @@ def test_bad_router_config(kw, match):
 
 def _experts(E, H, I, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    return ((torch.randn(E, 2 * I, H, generator=g) * 0.2).to(dtype), (torch.randn(E, H, I, generator=g) * 0.2).to(dtype))
+    return ((torch.randn(E, 2 * I, H, generator=g) * 0.2).to(dtype),
+            (torch.randn(E, H, I, generator=g) * 0.2).to(dtype))
 
 
 def _uneven_ids(T, k, E):
@@ -233,3 +234,20 @@ def test_warm_up_runs_every_bucket(monkeypatch):
     assert tk.warm_up(w13, w2, 2, torch.float32) == len(tk._table("E4_H16_I8")) == len(seen)
     assert len(set(tk.launch_config(t * 2, 4, 16, 8)["BLOCK_M"] for t in seen)) == len(
         set(c["BLOCK_M"] for c in tk._table("E4_H16_I8").values()))
+
+
+@needs_triton
+def test_kernel_rounds_weights_to_the_model_dtype_like_the_reference():
+    """Qwen's routing weights are rounded to the model dtype before the product (fp16 here,
+    which the interpreter computes): the kernel's in-load rounding equals the reference's cast."""
+    from adaspec.layers.moe.triton_kernels import fused_experts_triton
+
+    T, E, H, I = 6, 8, 32, 32
+    w13, w2 = _experts(E, H, I, seed=5, dtype=torch.float16)
+    x = torch.randn(T, H).half()
+    weights, ids = route(torch.randn(T, E), RouterConfig("softmax", E, 2, renormalize=True))
+    weights = weights + 1e-3   # not representable in fp16: rounding matters
+    ref = moe_layer.fused_experts(x, w13, w2, weights, ids, round_weights=True)       # reference path (CPU)
+    assert not torch.equal(ref, moe_layer.fused_experts(x, w13, w2, weights, ids))
+    got = fused_experts_triton(x, w13, w2, weights, ids, round_weights=True)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=2e-3, atol=2e-3)

@@ -175,8 +175,9 @@ class Experts(nn.Module):
         self.w13 = nn.Parameter(torch.empty(E, 2 * I, hidden))
         self.w2 = nn.Parameter(torch.empty(E, hidden, I))
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return fused_experts(x, self.w13, self.w2, weights, ids)
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                round_weights: bool = False) -> torch.Tensor:
+        return fused_experts(x, self.w13, self.w2, weights, ids, round_weights)
 
 
 class SparseMoeBlock(nn.Module):
@@ -196,9 +197,7 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        if self.round_weights:
-            weights = weights.to(x.dtype)
-        y = self.experts(x, weights, ids)
+        y = self.experts(x, weights, ids, self.round_weights)
         if self.shared is not None:
             s = self.shared(x)
             if self.shared_gate is not None:
@@ -245,7 +244,8 @@ class MoeForCausalLM(LlamaForCausalLM):
     def checkpoint_name(self, param_name: str) -> str:
         name = super().checkpoint_name(param_name)
         lay = self.layout
-        name = name.replace(".mlp.shared_gate.", ".mlp.shared_expert_gate.").replace(".mlp.shared.", f".mlp.{lay.shared}.")
+        name = name.replace(".mlp.shared_gate.", ".mlp.shared_expert_gate.")
+        name = name.replace(".mlp.shared.", f".mlp.{lay.shared}.")
         return name.replace(".mlp.", f".{lay.block}.", 1) if lay.block != "mlp" else name
 
     def checkpoint_parts(self, param_name: str) -> list[tuple[str, tuple]] | None:

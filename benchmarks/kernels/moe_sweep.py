@@ -68,7 +68,8 @@ def grouped_mm_moe(x, w13_t, w2_t, weights, ids):
     T, k = ids.shape
     flat = ids.reshape(-1)
     order = flat.argsort()
-    counts = torch.zeros(w13_t.shape[0], dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = torch.zeros(w13_t.shape[0], dtype=torch.int64, device=x.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
     offs = counts.cumsum(0).to(torch.int32)
     g, u = torch._grouped_mm(x[order // k], w13_t, offs=offs).chunk(2, -1)
     ys = torch._grouped_mm(F.silu(g) * u, w2_t, offs=offs)
@@ -141,7 +142,8 @@ def main(argv=None) -> int:
               f"{rec.get('best', {}).get('us', float('nan')):.1f} us {rec.get('best')}, grouped_mm "
               f"{rec.get('grouped_mm_us')}", flush=True)
         with open(a.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name() if dev == "cuda" else dev, "shape": a.shape, "E_H_I_K": [E, H, I, K],
+            json.dump({"device": torch.cuda.get_device_name() if dev == "cuda" else dev, "shape": a.shape,
+                       "E_H_I_K": [E, H, I, K],
                        "records": records}, f, indent=1)
     if a.configs_out and best:
         table = {str(p): c for p, c in sorted(best.items())}

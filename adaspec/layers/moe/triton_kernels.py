@@ -131,7 +131,7 @@ if triton is not None:
 
     @triton.jit
     def _down_kernel(a_ptr, w_ptr, out_ptr, topw_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, H, I,
-                     stride_a, stride_we, stride_wn, stride_o, IEEE: tl.constexpr,
+                     stride_a, stride_we, stride_wn, stride_o, IEEE: tl.constexpr, ROUND_W: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         pid_m = tl.program_id(0)
         e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -155,7 +155,10 @@ if triton is not None:
             else:
                 acc = tl.dot(a, w, acc)
         ty = out_ptr.dtype.element_ty
-        weight = tl.load(topw_ptr + pair, mask=r_ok, other=0.0).to(tl.float32)
+        weight = tl.load(topw_ptr + pair, mask=r_ok, other=0.0)
+        if ROUND_W:   # the router's weight rounded to the model dtype first (Qwen)
+            weight = weight.to(ty)
+        weight = weight.to(tl.float32)
         y = acc.to(ty).to(tl.float32) * weight[:, None]   # HF: the expert output rounds, then * weight
         tl.store(out_ptr + pair[:, None] * stride_o + n[None, :], y.to(ty), mask=r_ok[:, None] & n_ok[None, :])
 
@@ -218,8 +221,9 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
 
 
 def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                         ids: torch.Tensor, config: dict | None = None) -> torch.Tensor:
-    """Same contract as torch_ref.fused_experts_ref; `config` overrides `launch_config`."""
+                         ids: torch.Tensor, config: dict | None = None, round_weights: bool = False) -> torch.Tensor:
+    """Same contract as torch_ref.fused_experts_ref (with `round_weights` as in
+    layers.moe.fused_experts); `config` overrides `launch_config`."""
     T, H = x.shape
     k = ids.shape[1]
     E, I2, _ = w13.shape
@@ -242,7 +246,8 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w
     out_k = torch.empty(N, H, dtype=x.dtype, device=x.device)
     _down_kernel[(nblocks, triton.cdiv(H, BN))](
         inter, w2, out_k, weights.reshape(-1).contiguous(), sorted_pairs, block_expert, block_rows, H, I,
-        inter.stride(0), w2.stride(0), w2.stride(1), out_k.stride(0), IEEE=ieee, BM=BM, BN=BN, BK=BK, **launch)
+        inter.stride(0), w2.stride(0), w2.stride(1), out_k.stride(0), IEEE=ieee, ROUND_W=round_weights,
+        BM=BM, BN=BN, BK=BK, **launch)
     return out_k.view(T, k, H).sum(dim=1) if k > 1 else out_k.view(T, H)
 
 
