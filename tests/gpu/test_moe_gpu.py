@@ -36,6 +36,15 @@ def _inputs(T, E, H, I, cfg, dtype, seed=0):
     return x, w13, w2, weights, ids
 
 
+def assert_as_close_as_reference(got, x, w13, w2, weights, ids):
+    """bf16: the kernel's error against an fp32 computation on the same (bf16) inputs is at most
+    twice the bf16 reference's own (sum orders differ: the kernel adds the k terms in fp32)."""
+    truth = fused_experts_ref(x.float(), w13.float(), w2.float(), weights.float(), ids)
+    ref = fused_experts_ref(x, w13, w2, weights, ids).float()
+    err, ref_err = float((got.float() - truth).abs().max()), float((ref - truth).abs().max())
+    assert err <= 2 * ref_err + 1e-3, f"kernel error {err:.3e} vs reference error {ref_err:.3e}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_kernel_matches_reference_on_cuda(case, dtype):
@@ -44,10 +53,11 @@ def test_kernel_matches_reference_on_cuda(case, dtype):
     x, w13, w2, weights, ids = _inputs(*CASES[case], dtype)
     if dtype == torch.bfloat16:
         weights = weights.to(dtype)
-    ref = fused_experts_ref(x, w13, w2, weights, ids)
     got = fused_experts_triton(x, w13, w2, weights, ids)
-    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(got.float(), ref.float(), **tol)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, fused_experts_ref(x, w13, w2, weights, ids), rtol=1e-4, atol=1e-4)
+    else:
+        assert_as_close_as_reference(got, x, w13, w2, weights, ids)
 
 
 def test_kernel_replays_in_a_cuda_graph_with_new_routing():
@@ -73,8 +83,7 @@ def test_kernel_replays_in_a_cuda_graph_with_new_routing():
         ids.copy_(ids_new)
         graph.replay()
         torch.cuda.synchronize()
-        ref = fused_experts_ref(x, w13, w2, weights, ids)
-        torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+        assert_as_close_as_reference(out, x, w13, w2, weights, ids)
 
 
 @pytest.mark.parametrize("name", ["qwen3_moe", "glm4_moe", "mixtral"])
