@@ -2,8 +2,10 @@
 
     python3 physics_probe.py --batch 1,16,64,256 --q 1,4,16 --ctx 512 --json physics.json
     python3 benchmarks/gpu_fast_path.py --physics physics.json --out result.json [--hf hf_cb.json]
+    python3 benchmarks/gpu_fast_path.py --shape qwen3-30b-a3b --physics moe_physics.json \
+        --physics-key roofline_ms --batches 1,16,64,256 --skip generate,throughput
 
-Llama-3.1-8B shape, bf16, random weights (`load_format=dummy`), 512-token prompts;
+`--shape` picks the model shape (adaspec/bench/shapes.py; default the Llama-3.1-8B shape), bf16, random weights (`load_format=dummy`), 512-token prompts;
 speculation with a simulated acceptance rate of 0.8 (the cost side is real). Measures:
   1. step time of decode (b = 1, 16, 64, 256) and of verification (chain 3: q = 4, the
      16-token tree: q = 16; b = 1, 16, 64), whole engine step and target forward alone,
@@ -26,7 +28,7 @@ from pathlib import Path
 import torch
 
 from adaspec import LLM, SamplingParams
-from adaspec.bench.shapes import write_shape_dirs
+from adaspec.bench.shapes import SHAPES, write_shape_dirs
 
 CTX = 512
 CONFIGS = {
@@ -38,8 +40,8 @@ CONFIGS = {
 Q = {"off": 1, "chain3": 4, "tree16": 16, "auto4": 4}
 
 
-def write_dirs() -> tuple[str, str]:
-    return write_shape_dirs("llama-8b")
+def write_dirs(shape: str = "llama-8b") -> tuple[str, str]:
+    return write_shape_dirs(shape)
 
 
 def make_llm(target: str, draft: str, config: str, max_num_seqs: int, **kw) -> tuple[LLM, float]:
@@ -276,6 +278,11 @@ def generate_tok_s(llm: LLM, b: int, out_len: int = 256, repeats: int = 1) -> di
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--physics", required=True)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama-8b", help="model shape (default %(default)s)")
+    ap.add_argument("--physics-key", default="T_ms",
+                    help="the probe's table to compare with: T_ms (default), or roofline_ms of moe_physics_probe.py")
+    ap.add_argument("--batches", default=None,
+                    help="comma list of batch sizes for every configuration (default: the plan's own)")
     ap.add_argument("--hf", default=None)
     ap.add_argument("--out", default="gpu_fast_path.json")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: steps,generate,throughput")
@@ -285,9 +292,10 @@ def main(argv=None) -> int:
                     help="run the engine without overlap (for comparison)")
     a = ap.parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
-    phys = json.loads(Path(a.physics).read_text())["T_ms"]
-    target, draft = write_dirs()
+    phys = json.loads(Path(a.physics).read_text())[a.physics_key]
+    target, draft = write_dirs(a.shape)
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ctx": CTX,
+                 "shape": a.shape, "physics_key": a.physics_key,
                  "physics_T_ms": phys, "startup": {}, "steps": {}, "targets": {}}
 
     def T(b, q):
@@ -295,6 +303,8 @@ def main(argv=None) -> int:
         return v if isinstance(v, (int, float)) else None
 
     plan = (("off", (1, 16, 64, 256)), ("chain3", (1, 16, 64)), ("tree16", (1, 16, 64)), ("auto4", (1, 16)))
+    if a.batches:
+        plan = tuple((c, tuple(int(b) for b in a.batches.split(","))) for c, _ in plan)
     for config, batches in [c for c in plan if c[0] in a.configs.split(",")]:
         llm, startup = make_llm(target, draft, config, max_num_seqs=max(batches), overlap=a.overlap)
         g = llm.engine.runner.graphs
@@ -366,7 +376,8 @@ def plot(res: dict, path: Path) -> None:
     ax.axhline(1.15, color="red", ls="--", label="target 1.15x")
     ax.set_xticks(list(x), keys, rotation=30)
     ax.set_ylabel("ratio to physics probe")
-    ax.set_title(f"adaspec step time vs physics, {res['device']}, 8B shape, ctx {res['ctx']}")
+    ax.set_title(f"adaspec step time vs physics ({res.get('physics_key', 'T_ms')}), {res['device']}, "
+                 f"{res.get('shape', 'llama-8b')} shape, ctx {res['ctx']}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -194,6 +194,14 @@ def reference_argv(a, P: dict, target: str, dummy: bool, vocab: int, part_dir: P
 STEP_MS = {"off": {1: 5.3, 16: 5.9, 64: 8.6, 256: 15.8},
            "chain": {1: 7.6, 16: 8.9, 64: 14.0, 256: 32.0},
            "tree": {1: 14.3, 16: 18.8, 64: 62.4, 256: 230.0}}
+#: The MoE shape: guesses at 1.5x the roofline of moe_physics_probe.py (issue 20's table) until
+#: a run measures them. Only for --dry-run's estimate.
+STEP_MS_BY_SHAPE = {
+    "llama-8b": STEP_MS,
+    "qwen3-30b-a3b": {"off": {1: 2.9, 16: 13.4, 64: 20.6, 256: 24.0},
+                      "chain": {1: 5.5, 16: 19.8, 64: 20.9, 256: 24.1},
+                      "tree": {1: 9.0, 16: 25.0, 64: 40.0, 256: 120.0}},
+}
 PREFILL_MS_PER_TOKEN = 0.02
 SERVER_START_S = 20.0
 
@@ -213,12 +221,13 @@ def _flag(flags, name: str, default: int) -> int:
 
 
 def level_seconds(cfg, c: int, n: int, a) -> float:
-    """Rough seconds of one level of configuration `cfg` (8B shape on an H200)."""
+    """Rough seconds of one level of configuration `cfg` (on an H200, `a.shape`'s step times)."""
     acc = 0.0 if a.real_acceptance else a.accept_rate
+    table = STEP_MS_BY_SHAPE.get(getattr(a, "shape", None), STEP_MS)
 
     def per_token(kind: str, k: int) -> float:
         tokens = sum(acc ** i for i in range(k + 1)) if kind != "off" else 1.0
-        return _interp(STEP_MS[kind], c) / tokens
+        return _interp(table[kind], c) / tokens
 
     steps, topk = _flag(cfg.flags, "--num-steps", 3), _flag(cfg.flags, "--topk", 1)
     kind = "tree" if topk > 1 else "chain"

@@ -23,6 +23,20 @@ LLAMA_8B_HEAD = {
     "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8,
     "vocab_size": 128256, "draft_vocab_size": 32000, "rms_norm_eps": 1e-5, "rope_theta": 500000.0}
 
+#: Qwen3-30B-A3B (bf16, ~61 GB): 48 layers, all sparse, 128 experts of width 768, top-8
+#: renormalised; the shape of ../shared/tools/moe_physics_probe.py. Its head follows the
+#: published EAGLE-3 heads for this model (hidden 2048, head_dim 128, 32k draft vocabulary).
+QWEN3_30B_A3B_TARGET = {
+    "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936, "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+QWEN3_30B_A3B_HEAD = {
+    "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 2048, "intermediate_size": 6144,
+    "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "vocab_size": 151936, "draft_vocab_size": 32000, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0}
+
 #: A 4-layer, 64-wide Llama and its head: the same code paths on a CPU in seconds.
 TINY_TARGET = {
     "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
@@ -34,6 +48,7 @@ TINY_HEAD = {
 
 SHAPES: dict[str, tuple[dict, dict]] = {
     "llama-8b": (LLAMA_8B_TARGET, LLAMA_8B_HEAD),
+    "qwen3-30b-a3b": (QWEN3_30B_A3B_TARGET, QWEN3_30B_A3B_HEAD),
     "tiny": (TINY_TARGET, TINY_HEAD),
 }
 

@@ -13,6 +13,7 @@ matrix each; RMSNorm carries the residual add, rotary is applied together with t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,9 @@ from torch import nn
 from adaspec.layers import fused_ops
 from adaspec.layers.attention import get_forward_context
 from adaspec.layers.rotary import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from adaspec.models.moe import MoeSpec
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class ModelSpec:
     eos_token_ids: tuple
     torch_dtype: str | None
     hidden_act: str = "silu"
+    moe: MoeSpec | None = None  # mixture-of-experts layers (models/moe.py); None: every MLP dense
 
 
 class RMSNorm(nn.Module):
@@ -153,10 +158,13 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, layer_idx: int):
+    """Attention then an MLP; `mlp` (anything mapping [T, H] -> [T, H] with a `fuse()`) defaults
+    to the dense gated MLP, MoE models pass their sparse block."""
+
+    def __init__(self, spec: ModelSpec, layer_idx: int, mlp: nn.Module | None = None):
         super().__init__()
         self.self_attn = Attention(spec, spec.sliding_windows[layer_idx], layer_id=layer_idx)
-        self.mlp = MLP(spec.hidden_size, spec.intermediate_size)
+        self.mlp = mlp if mlp is not None else MLP(spec.hidden_size, spec.intermediate_size)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -180,14 +188,20 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, i, self.make_mlp(spec, i)) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_parameters, spec.max_position)
+        # partial_rotary_factor < 1 (GLM-4.5): rotary on the first rot_dim dims of each head only.
+        self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_parameters, spec.max_position,
+                                      partial=float(spec.rope_parameters.get("partial_rotary_factor", 1.0)))
         self.capture: tuple[int, ...] = ()   # layers whose inputs the EAGLE-3 head reads
         self.cos_sin: torch.Tensor | None = None
+
+    def make_mlp(self, spec: ModelSpec, layer_idx: int) -> nn.Module:
+        """Layer `layer_idx`'s MLP (MoE models override this)."""
+        return MLP(spec.hidden_size, spec.intermediate_size)
 
     # Checkpoint names are "model.layers.0..." for the body and "lm_head.weight".
     def checkpoint_name(self, param_name: str) -> str:

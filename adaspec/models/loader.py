@@ -81,28 +81,43 @@ def iter_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[str], str],
                optional: Callable[[str], bool] = lambda n: False,
-               tensors: dict[str, torch.Tensor] | None = None) -> set[str]:
+               tensors: dict[str, torch.Tensor] | None = None,
+               checkpoint_parts: Callable[[str], list[tuple[str, tuple]] | None] | None = None) -> set[str]:
     """Copy checkpoint tensors (read from `model_dir`, or given as `tensors`) into `module`'s
     parameters; returns the names of the parameters left unfilled (only those `optional`
-    allows). Raises ValueError on missing or misshapen."""
+    allows). Raises ValueError on missing or misshapen.
+
+    `checkpoint_parts(param)` may say a parameter is assembled from several checkpoint tensors,
+    as [(checkpoint name, index into the parameter)] (MoE experts stacked into [E, ...] from
+    per-expert tensors, which may sit in different shards); None: the one `checkpoint_name`."""
     params = dict(module.named_parameters(remove_duplicate=True))
-    wanted = {checkpoint_name(n): n for n in params}
-    filled = set()
+    wanted: dict[str, tuple[str, tuple | None]] = {}
+    needs: dict[str, list[str]] = {}
+    for n in params:
+        parts = checkpoint_parts(n) if checkpoint_parts is not None else None
+        parts = parts if parts is not None else [(checkpoint_name(n), None)]
+        needs[n] = [c for c, _ in parts]
+        wanted.update((c, (n, idx)) for c, idx in parts)
+    got: set[str] = set()
     for name, tensor in (tensors.items() if tensors is not None else iter_tensors(model_dir)):
-        pname = wanted.get(name)
-        if pname is None:
+        hit = wanted.get(name)
+        if hit is None:
             continue
+        pname, idx = hit
         p = params[pname]
-        if tuple(tensor.shape) != tuple(p.shape):
+        dst = p if idx is None else p[idx]
+        if tuple(tensor.shape) != tuple(dst.shape):
             raise ValueError(f"tensor {name!r} in {model_dir} has shape {tuple(tensor.shape)}, "
-                             f"expected {tuple(p.shape)}")
+                             f"expected {tuple(dst.shape)}")
         with torch.no_grad():
-            p.copy_(tensor.to(p.dtype))
-        filled.add(pname)
-    missing = [n for n in params if n not in filled and not optional(n)]
+            dst.copy_(tensor.to(p.dtype))
+        got.add(name)
+    unfilled = {n for n in params if any(c not in got for c in needs[n])}
+    missing = [c for n in params if n in unfilled and not optional(n) for c in needs[n] if c not in got]
     if missing:
-        raise ValueError(f"checkpoint {model_dir} lacks tensor(s) {[checkpoint_name(n) for n in missing][:8]}")
-    return {n for n in params if n not in filled}
+        raise ValueError(f"checkpoint {model_dir} lacks tensor(s) {missing[:8]}"
+                         + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    return unfilled
 
 
 def init_dummy(module: nn.Module, seed: int, std: float = 0.02) -> None:
@@ -131,12 +146,16 @@ def load_model(model_dir: str | Path, device: torch.device, dtype: str = "auto",
     with torch.device("meta"):
         model = klass(spec)
     model = model.to_empty(device=device).to(tdtype)
+    for m in model.modules():  # e.g. GLM's router: Hugging Face keeps it in fp32 whatever the dtype
+        if getattr(m, "keep_fp32", False):
+            m.float()
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     if load_format == "dummy":
         init_dummy(model, seed)
     elif load_format == "auto":
-        load_state(model, model_dir, model.checkpoint_name)
+        load_state(model, model_dir, model.checkpoint_name,
+                   checkpoint_parts=getattr(model, "checkpoint_parts", None))
     else:
         raise ValueError(f"unknown load_format {load_format!r}; use 'auto' or 'dummy'")
     return model.eval(), spec, tdtype

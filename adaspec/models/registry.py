@@ -5,12 +5,18 @@ import json
 from pathlib import Path
 
 from adaspec.models.llama import LlamaForCausalLM, ModelArch, ModelSpec
+from adaspec.models.moe import MOE_PARSERS, MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, tuple[type, ModelArch]] = {
     "LlamaForCausalLM": (LlamaForCausalLM, ModelArch()),
     "MistralForCausalLM": (LlamaForCausalLM, ModelArch()),
     "Qwen2ForCausalLM": (LlamaForCausalLM, ModelArch(qkv_bias=True)),
     "Qwen3ForCausalLM": (LlamaForCausalLM, ModelArch(qk_norm=True)),
+    # Mixture of experts (models/moe.py; each reads its routing options with MOE_PARSERS[arch]).
+    "Qwen2MoeForCausalLM": (MoeForCausalLM, ModelArch()),
+    "Qwen3MoeForCausalLM": (MoeForCausalLM, ModelArch(qk_norm=True)),
+    "MixtralForCausalLM": (MoeForCausalLM, ModelArch()),
+    "Glm4MoeForCausalLM": (MoeForCausalLM, ModelArch()),
 }
 
 
@@ -22,11 +28,14 @@ def read_json(path: Path) -> dict:
 
 
 def rope_parameters(cfg: dict) -> dict:
-    """transformers >= 5 writes `rope_parameters`; older configs `rope_theta` + `rope_scaling`."""
+    """transformers >= 5 writes `rope_parameters`; older configs `rope_theta` + `rope_scaling`
+    (and a top-level `partial_rotary_factor`, as GLM-4.5 publishes it)."""
     params = dict(cfg.get("rope_parameters") or {})
     if not params:
         params = dict(cfg.get("rope_scaling") or {})
         params["rope_theta"] = cfg.get("rope_theta", 10000.0)
+    if cfg.get("partial_rotary_factor") is not None:
+        params.setdefault("partial_rotary_factor", cfg["partial_rotary_factor"])
     if "type" in params and "rope_type" not in params:
         params["rope_type"] = params.pop("type")
     params.setdefault("rope_type", "default")
@@ -106,6 +115,10 @@ def parse_model_spec(model_dir: str | Path) -> tuple[ModelSpec, type]:
     klass, flags = MODEL_REGISTRY[arch]
     nh = cfg["num_attention_heads"]
     L = cfg["num_hidden_layers"]
+    moe, over = MOE_PARSERS[arch](cfg, L) if arch in MOE_PARSERS else (None, {})
+    rope = rope_parameters(cfg)
+    if "partial_rotary_default" in over:  # GLM-4.5: transformers' default when the config has none
+        rope.setdefault("partial_rotary_factor", over.pop("partial_rotary_default"))
     spec = ModelSpec(
         architecture=arch,
         hidden_size=cfg["hidden_size"],
@@ -116,15 +129,16 @@ def parse_model_spec(model_dir: str | Path) -> tuple[ModelSpec, type]:
         intermediate_size=cfg["intermediate_size"],
         vocab_size=cfg["vocab_size"],
         rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-        rope_parameters=rope_parameters(cfg),
+        rope_parameters=rope,
         max_position=cfg.get("max_position_embeddings", 4096),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=flags.qkv_bias or bool(cfg.get("attention_bias", False)),
-        qk_norm=flags.qk_norm,
+        qkv_bias=over.get("qkv_bias", flags.qkv_bias or bool(cfg.get("attention_bias", False))),
+        qk_norm=over.get("qk_norm", flags.qk_norm),
         sliding_windows=sliding_windows(cfg, arch, L),
         eos_token_ids=eos_ids(model_dir, cfg),
         torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
         hidden_act=cfg.get("hidden_act", "silu"),
+        moe=moe,
     )
     if spec.hidden_act != "silu":
         raise ValueError(f"unsupported hidden_act {spec.hidden_act!r} (only silu)")

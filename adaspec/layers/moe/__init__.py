@@ -1,0 +1,34 @@
+"""Mixture-of-experts layer primitives: routing (routing.py) and the experts' computation.
+
+    weights, ids = route(router_logits_fp32, RouterConfig(...), bias)
+    y = fused_experts(x, w13, w2, weights, ids)      # [T, H]
+
+Dispatch (as layers/fused_ops.py picks its kernels): the Triton fused-MoE kernel
+(triton_kernels.py) when x is on CUDA, or under ADASPEC_TRITON_INTERPRET=1 (tests); otherwise
+the per-expert PyTorch loop (torch_ref.py), which is also the kernel's oracle.
+"""
+from __future__ import annotations
+
+import torch
+
+from adaspec.layers.fused_ops import use_triton
+from adaspec.layers.moe.routing import ROUTERS, RouterConfig, route
+from adaspec.layers.moe.torch_ref import fused_experts_ref
+
+__all__ = ["ROUTERS", "RouterConfig", "route", "fused_experts", "fused_experts_ref"]
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                  ids: torch.Tensor, round_weights: bool = False) -> torch.Tensor:
+    """sum over the k chosen experts of weight * down(silu(gate(x)) * up(x)); x [T, H],
+    w13 [E, 2I, H], w2 [E, H, I], weights/ids [T, k]. `round_weights`: the weights are first
+    rounded to x.dtype (Qwen's routers hand them over in the model dtype); the kernel does it
+    on load instead of a separate cast. See torch_ref.fused_experts_ref."""
+    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3 or ids.shape != weights.shape or ids.shape[0] != x.shape[0]:
+        raise ValueError(f"fused_experts: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}, "
+                         f"weights {tuple(weights.shape)}, ids {tuple(ids.shape)} do not fit [T, H], [E, 2I, H], "
+                         f"[E, H, I], [T, k]")
+    if use_triton(x):
+        from adaspec.layers.moe.triton_kernels import fused_experts_triton
+        return fused_experts_triton(x, w13, w2, weights, ids, round_weights=round_weights)
+    return fused_experts_ref(x, w13, w2, weights.to(x.dtype) if round_weights else weights, ids)

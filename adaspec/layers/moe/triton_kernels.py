@@ -1,0 +1,266 @@
+"""Fused-MoE experts in Triton: device-side alignment, grouped gate/up GEMM with SiLU-and-mul,
+grouped down GEMM with the routing weight, and the top-k reduction.
+
+    align     one program: per-expert counts of the T*k (token, slot) pairs, each expert's
+              rows padded to BLOCK_M, and for every padded block its expert and valid row
+              count; the pairs are scattered to their rows. Buffers have fixed maximum sizes
+              (cdiv(T*k, BLOCK_M) + min(E, T*k) blocks), no host sync: CUDA graphs capture it.
+    gate_up   grid (block, I tile): the block's rows of x times w13[e] (gate and up tiles),
+              silu(gate) * up -> inter[T*k, I] indexed by pair (HF's rounding steps).
+    down      grid (block, H tile): inter rows times w2[e], times the pair's routing weight
+              -> out_k[T*k, H]; blocks past the last expert exit at once.
+    reduce    out[t] = sum_j out_k[t*k + j] (torch's sum; one kernel).
+
+Weights keep Hugging Face's layout: w13 [E, 2I, H] (gate rows then up rows), w2 [E, H, I], so
+tiles of B are read as [BLOCK_K, BLOCK_N] with a strided K (as vLLM's kernel does).
+Launch parameters come from `launch_config(num_pairs)`: a measured table per batch bucket
+(moe_configs.json next to this file, written by benchmarks/kernels/moe_sweep.py) or defaults.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from adaspec.layers.fused_ops import _next_pow2, triton
+
+if triton is not None:
+    import triton.language as tl
+
+CONFIG_FILE = Path(__file__).with_name("moe_configs.json")
+# Used where the sweep wrote nothing: small blocks for decode (few rows per expert), larger for prefill.
+DEFAULT_CONFIGS = {
+    64: {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+    1024: {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+    1 << 62: {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+}
+
+
+@lru_cache(maxsize=None)
+def _table(key: str) -> dict[int, dict]:
+    """{max pairs of the bucket: config} for one weight shape key ("E{E}_H{H}_I{I}"), else defaults."""
+    if CONFIG_FILE.exists():
+        table = json.loads(CONFIG_FILE.read_text()).get(key)
+        if table:
+            return {int(b): c for b, c in table.items()}
+    return DEFAULT_CONFIGS
+
+
+def launch_config(num_pairs: int, E: int, H: int, I: int) -> dict:
+    """The launch parameters for `num_pairs` = T * top_k (token, expert) pairs: the smallest
+    bucket holding it, of the measured table for this (E, H, I) if there is one."""
+    table = _table(f"E{E}_H{H}_I{I}")
+    for bound in sorted(table):
+        if num_pairs <= bound:
+            return table[bound]
+    return table[max(table)]
+
+
+if triton is not None:
+
+    # N and max_blocks vary with the batch: not specialised, so one compile serves every batch.
+    @triton.jit(do_not_specialize=["N", "max_blocks"])
+    def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, N, max_blocks,
+                      E_PAD: tl.constexpr, BM: tl.constexpr, CHUNK: tl.constexpr, BLK: tl.constexpr):
+        e = tl.arange(0, E_PAD)
+        counts = tl.zeros([E_PAD], dtype=tl.int32)
+        for s in range(0, N, CHUNK):
+            i = s + tl.arange(0, CHUNK)
+            v = tl.load(ids_ptr + i, mask=i < N, other=E_PAD).to(tl.int32)  # E_PAD: no bin
+            counts += tl.sum((v[:, None] == e[None, :]).to(tl.int32), axis=0)
+        blocks = (counts + BM - 1) // BM
+        first = tl.cumsum(blocks, axis=0) - blocks           # first block of each expert
+        last = first + blocks
+        for b0 in range(0, max_blocks, BLK):
+            b = b0 + tl.arange(0, BLK)
+            inside = (b[:, None] >= first[None, :]) & (b[:, None] < last[None, :])
+            has = tl.sum(inside.to(tl.int32), axis=1) > 0
+            expert = tl.sum(tl.where(inside, e[None, :], 0), axis=1)
+            rows = tl.sum(tl.where(inside, counts[None, :] - (b[:, None] - first[None, :]) * BM, 0), axis=1)
+            ok = b < max_blocks
+            tl.store(block_expert_ptr + b, tl.where(has, expert, -1), mask=ok)
+            tl.store(block_rows_ptr + b, tl.where(has, tl.minimum(rows, BM), 0), mask=ok)
+        seen = tl.zeros([E_PAD], dtype=tl.int32)
+        for s in range(0, N, CHUNK):
+            i = s + tl.arange(0, CHUNK)
+            ok = i < N
+            v = tl.load(ids_ptr + i, mask=ok, other=-1).to(tl.int32)
+            hit = v[:, None] == e[None, :]
+            before = tl.cumsum(hit.to(tl.int32), axis=0) - 1 + seen[None, :]   # rank within expert
+            row = tl.sum(tl.where(hit, before + first[None, :] * BM, 0), axis=1)
+            tl.store(sorted_ptr + row, i, mask=ok)
+            seen += tl.sum(hit.to(tl.int32), axis=0)
+
+    @triton.jit
+    def _gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, H, I,
+                        stride_x, stride_we, stride_wn, stride_o, TOPK: tl.constexpr, IEEE: tl.constexpr,
+                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        pid_m = tl.program_id(0)
+        e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        if e < 0:
+            return
+        r = tl.arange(0, BM)
+        r_ok = r < tl.load(block_rows_ptr + pid_m)
+        pair = tl.load(sorted_ptr + pid_m * BM + r, mask=r_ok, other=0).to(tl.int64)
+        tok = pair // TOPK
+        n = tl.program_id(1) * BN + tl.arange(0, BN)
+        n_ok = n < I
+        w_base = w_ptr + e * stride_we
+        acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+        acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, H, BK):
+            kk = k0 + tl.arange(0, BK)
+            k_ok = kk < H
+            a = tl.load(x_ptr + tok[:, None] * stride_x + kk[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+            wmask = k_ok[:, None] & n_ok[None, :]
+            wg = tl.load(w_base + n[None, :].to(tl.int64) * stride_wn + kk[:, None], mask=wmask, other=0.0)
+            wu = tl.load(w_base + (n[None, :] + I).to(tl.int64) * stride_wn + kk[:, None], mask=wmask, other=0.0)
+            if IEEE:
+                acc_g = tl.dot(a, wg, acc_g, input_precision="ieee")
+                acc_u = tl.dot(a, wu, acc_u, input_precision="ieee")
+            else:
+                acc_g = tl.dot(a, wg, acc_g)
+                acc_u = tl.dot(a, wu, acc_u)
+        ty = out_ptr.dtype.element_ty
+        # HF: gate and up round to the dtype, silu rounds, then the product does.
+        g = acc_g.to(ty).to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(ty).to(tl.float32) * acc_u.to(ty).to(tl.float32)
+        tl.store(out_ptr + pair[:, None] * stride_o + n[None, :], act.to(ty), mask=r_ok[:, None] & n_ok[None, :])
+
+    @triton.jit
+    def _down_kernel(a_ptr, w_ptr, out_ptr, topw_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, H, I,
+                     stride_a, stride_we, stride_wn, stride_o, IEEE: tl.constexpr, ROUND_W: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        pid_m = tl.program_id(0)
+        e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        if e < 0:
+            return
+        r = tl.arange(0, BM)
+        r_ok = r < tl.load(block_rows_ptr + pid_m)
+        pair = tl.load(sorted_ptr + pid_m * BM + r, mask=r_ok, other=0).to(tl.int64)
+        n = tl.program_id(1) * BN + tl.arange(0, BN)
+        n_ok = n < H
+        w_base = w_ptr + e * stride_we
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, I, BK):
+            kk = k0 + tl.arange(0, BK)
+            k_ok = kk < I
+            a = tl.load(a_ptr + pair[:, None] * stride_a + kk[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_base + n[None, :].to(tl.int64) * stride_wn + kk[:, None],
+                        mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            if IEEE:
+                acc = tl.dot(a, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, w, acc)
+        ty = out_ptr.dtype.element_ty
+        weight = tl.load(topw_ptr + pair, mask=r_ok, other=0.0)
+        if ROUND_W:   # the router's weight rounded to the model dtype first (Qwen)
+            weight = weight.to(ty)
+        weight = weight.to(tl.float32)
+        y = acc.to(ty).to(tl.float32) * weight[:, None]   # HF: the expert output rounds, then * weight
+        tl.store(out_ptr + pair[:, None] * stride_o + n[None, :], y.to(ty), mask=r_ok[:, None] & n_ok[None, :])
+
+
+if triton is not None:
+
+    @triton.jit
+    def _softmax_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, K: tl.constexpr, K_PAD: tl.constexpr,
+                             E_PAD: tl.constexpr, RENORM: tl.constexpr):
+        """One token per program: softmax over E logits, top-K by repeated argmax (lowest id
+        first among ties), optional renormalisation; weights fp32, ids int64."""
+        row = tl.program_id(0).to(tl.int64)
+        e = tl.arange(0, E_PAD)
+        x = tl.load(logits_ptr + row * stride_l + e, mask=e < E, other=float("-inf")).to(tl.float32)
+        p = tl.exp(x - tl.max(x, axis=0))
+        p = p / tl.sum(p, axis=0)
+        p = tl.where(e < E, p, -1.0)
+        j = tl.arange(0, K_PAD)
+        w = tl.zeros([K_PAD], dtype=tl.float32)
+        ids = tl.zeros([K_PAD], dtype=tl.int64)
+        for i in tl.static_range(K):
+            v = tl.max(p, axis=0)
+            at = tl.min(tl.where(p == v, e, E_PAD), axis=0)
+            w = tl.where(j == i, v, w)
+            ids = tl.where(j == i, at.to(tl.int64), ids)
+            p = tl.where(e == at, -1.0, p)
+        if RENORM:
+            w = w / tl.sum(tl.where(j < K, w, 0.0), axis=0)
+        tl.store(w_ptr + row * K + j, w, mask=j < K)
+        tl.store(ids_ptr + row * K + j, ids, mask=j < K)
+
+
+def softmax_topk_triton(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """routing.softmax_topk in one launch (no scaling): (weights fp32 [T, k], ids int64 [T, k])."""
+    T, E = logits.shape
+    w = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
+    if T:
+        if logits.stride(1) != 1:
+            logits = logits.contiguous()
+        _softmax_topk_kernel[(T,)](logits, w, ids, E, logits.stride(0), K=top_k, K_PAD=max(_next_pow2(top_k), 2),
+                                   E_PAD=max(_next_pow2(E), 16), RENORM=renormalize, num_warps=1 if E <= 256 else 4)
+    return w, ids
+
+
+def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted pairs [max_blocks * block_m] int32, block expert [max_blocks] int32 (-1: unused
+    block), block valid rows [max_blocks] int32) for ids [T, k]. Rows past a block's valid count
+    are left unwritten. One launch, sizes fixed by (T, k, E, block_m)."""
+    N = ids.numel()
+    max_blocks = triton.cdiv(N, block_m) + min(num_experts, N)
+    sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=ids.device)
+    block_rows = torch.empty(max_blocks, dtype=torch.int32, device=ids.device)
+    e_pad = max(_next_pow2(num_experts), 16)
+    chunk = max(16, min(1024, 16384 // e_pad))
+    _align_kernel[(1,)](ids.reshape(-1), sorted_pairs, block_expert, block_rows, N, max_blocks,
+                        E_PAD=e_pad, BM=block_m, CHUNK=chunk, BLK=max(16, min(64, 8192 // e_pad)), num_warps=4)
+    return sorted_pairs, block_expert, block_rows
+
+
+def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                         ids: torch.Tensor, config: dict | None = None, round_weights: bool = False) -> torch.Tensor:
+    """Same contract as torch_ref.fused_experts_ref (with `round_weights` as in
+    layers.moe.fused_experts); `config` overrides `launch_config`."""
+    T, H = x.shape
+    k = ids.shape[1]
+    E, I2, _ = w13.shape
+    I = I2 // 2
+    if T == 0:
+        return torch.zeros_like(x)
+    if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
+        raise ValueError("fused_experts: x, w13 and w2 need contiguous last dims")
+    N = T * k
+    cfg = config or launch_config(N, E, H, I)
+    BM, BN, BK = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    launch = {"num_warps": cfg.get("num_warps", 4), "num_stages": cfg.get("num_stages", 3)}
+    sorted_pairs, block_expert, block_rows = align(ids, E, BM)
+    nblocks = block_expert.numel()
+    ieee = x.dtype == torch.float32
+    inter = torch.empty(N, I, dtype=x.dtype, device=x.device)
+    _gate_up_kernel[(nblocks, triton.cdiv(I, BN))](
+        x, w13, inter, sorted_pairs, block_expert, block_rows, H, I, x.stride(0), w13.stride(0), w13.stride(1),
+        inter.stride(0), TOPK=k, IEEE=ieee, BM=BM, BN=BN, BK=BK, **launch)
+    out_k = torch.empty(N, H, dtype=x.dtype, device=x.device)
+    _down_kernel[(nblocks, triton.cdiv(H, BN))](
+        inter, w2, out_k, weights.reshape(-1).contiguous(), sorted_pairs, block_expert, block_rows, H, I,
+        inter.stride(0), w2.stride(0), w2.stride(1), out_k.stride(0), IEEE=ieee, ROUND_W=round_weights,
+        BM=BM, BN=BN, BK=BK, **launch)
+    return out_k.view(T, k, H).sum(dim=1) if k > 1 else out_k.view(T, H)
+
+
+def warm_up(w13: torch.Tensor, w2: torch.Tensor, top_k: int, dtype: torch.dtype) -> int:
+    """Compile every launch configuration of the table for these expert weights (one call per
+    bucket), so no JIT compile happens while serving; returns the number of calls."""
+    E, I2, H = w13.shape
+    table = _table(f"E{E}_H{H}_I{I2 // 2}")
+    n = 0
+    for bound in sorted(table):
+        T = max(1, min(bound, 8192) // top_k)
+        x = torch.zeros(T, H, dtype=dtype, device=w13.device)
+        ids = (torch.arange(T * top_k, device=w13.device) % E).view(T, top_k)
+        fused_experts_triton(x, w13, w2, torch.ones(T, top_k, dtype=torch.float32, device=w13.device), ids)
+        n += 1
+    return n

@@ -1,0 +1,253 @@
+"""The MoE layer: routers against an independent per-token reference, and the Triton fused-MoE
+kernel (under the Triton interpreter on CPU) against the per-expert PyTorch loop."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from adaspec.layers import moe as moe_layer
+from adaspec.layers.moe import RouterConfig, fused_experts_ref, route
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+
+
+# ---- routing ----------------------------------------------------------------------------------
+
+def route_by_hand(logits, cfg: RouterConfig, bias=None):
+    """One token at a time, in plain Python: {expert id: weight} per token."""
+    out = []
+    for row in logits.double().tolist():
+        E = len(row)
+        if cfg.kind == "softmax":
+            m = max(row)
+            ex = [pow(2.718281828459045, v - m) for v in row]
+            p = [v / sum(ex) for v in ex]
+            chosen = sorted(range(E), key=lambda e: -p[e])[:cfg.top_k]
+            w = {e: p[e] for e in chosen}
+            if cfg.renormalize:
+                s = sum(w.values())
+                w = {e: v / s for e, v in w.items()}
+        else:
+            s = [1 / (1 + pow(2.718281828459045, -v)) for v in row]
+            c = [s[e] + (float(bias[e]) if bias is not None else 0.0) for e in range(E)]
+            size = E // cfg.n_group
+            gscore = [sum(sorted(c[g * size:(g + 1) * size], reverse=True)[:2]) for g in range(cfg.n_group)]
+            groups = sorted(range(cfg.n_group), key=lambda g: -gscore[g])[:cfg.topk_group]
+            cand = [e for g in groups for e in range(g * size, (g + 1) * size)]
+            chosen = sorted(cand, key=lambda e: -c[e])[:cfg.top_k]
+            w = {e: s[e] for e in chosen}
+            if cfg.renormalize:
+                tot = sum(w.values()) + 1e-20
+                w = {e: v / tot for e, v in w.items()}
+            w = {e: v * cfg.scaling for e, v in w.items()}
+        out.append(w)
+    return out
+
+
+ROUTER_CASES = {
+    "softmax-top2-renorm": (RouterConfig("softmax", 8, 2, renormalize=True), False),
+    "softmax-top4-raw": (RouterConfig("softmax", 6, 4), False),
+    "softmax-top1": (RouterConfig("softmax", 4, 1), False),
+    "sigmoid-bias-groups": (RouterConfig("sigmoid_group", 16, 4, renormalize=True, n_group=4, topk_group=2,
+                                         scaling=2.5), True),
+    "sigmoid-one-group-raw": (RouterConfig("sigmoid_group", 8, 3), True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROUTER_CASES))
+def test_router_matches_a_per_token_reference(case):
+    cfg, with_bias = ROUTER_CASES[case]
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(12, cfg.num_experts, generator=g) * 2
+    # A large bias changes the selection (and, with groups, which groups survive) but not the weights.
+    bias = torch.randn(cfg.num_experts, generator=g) * 0.5 if with_bias else None
+    weights, ids = route(logits, cfg, bias)
+    assert weights.dtype == torch.float32 and ids.shape == (12, cfg.top_k)
+    for t, want in enumerate(route_by_hand(logits, cfg, bias)):
+        got = dict(zip(ids[t].tolist(), weights[t].tolist()))
+        assert set(got) == set(want), f"token {t}: experts {sorted(got)} != {sorted(want)}"
+        for e in want:
+            assert got[e] == pytest.approx(want[e], rel=1e-5)
+
+
+def test_group_limited_selection_excludes_dropped_groups():
+    """Expert 0 has the best score of all but sits in a group whose second-best is poor: with
+    topk_group=1 it is not chosen; with all groups kept it is."""
+    logits = torch.full((1, 8), -4.0)
+    logits[0, 0] = 4.0            # group 0 = experts 0..3: one strong expert
+    logits[0, 4:6] = 2.0          # group 1 = experts 4..7: two good ones
+    one = RouterConfig("sigmoid_group", 8, 2, n_group=2, topk_group=1)
+    assert sorted(route(logits, one)[1][0].tolist()) == [4, 5]
+    both = RouterConfig("sigmoid_group", 8, 2, n_group=2, topk_group=2)
+    assert 0 in route(logits, both)[1][0].tolist()
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(kind="nope", num_experts=4, top_k=1), "router kind"),
+    (dict(kind="softmax", num_experts=4, top_k=5), "top_k"),
+    (dict(kind="sigmoid_group", num_experts=8, top_k=2, n_group=3), "n_group"),
+    (dict(kind="sigmoid_group", num_experts=8, top_k=2, n_group=2, topk_group=3), "topk_group"),
+    (dict(kind="sigmoid_group", num_experts=8, top_k=5, n_group=2, topk_group=1), "exceeds"),
+])
+def test_bad_router_config(kw, match):
+    with pytest.raises(ValueError, match=match):
+        RouterConfig(**kw)
+
+
+# ---- fused-MoE kernel vs the reference ------------------------------------------------------------
+
+def _experts(E, H, I, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return ((torch.randn(E, 2 * I, H, generator=g) * 0.2).to(dtype),
+            (torch.randn(E, H, I, generator=g) * 0.2).to(dtype))
+
+
+def _uneven_ids(T, k, E):
+    """Most pairs on experts 0 and 1, a few on 2, none on E-3..E-1 (empty experts)."""
+    ids = torch.empty(T, k, dtype=torch.long)
+    for t in range(T):
+        pool = [0, 1, 2] if t % 5 == 4 else [0, 1] + list(range(3, E - 3))
+        ids[t] = torch.tensor([pool[(t + j) % len(pool)] for j in range(k)])
+    return ids
+
+
+KERNEL_CASES = {  # name: (T, E, H, I, router config or "uneven")
+    "top1": (5, 4, 32, 48, RouterConfig("softmax", 4, 1)),
+    "top2-renorm": (9, 8, 32, 48, RouterConfig("softmax", 8, 2, renormalize=True)),
+    "top2-uneven-empty": (23, 10, 32, 32, "uneven"),
+    "top8-raw": (3, 16, 32, 32, RouterConfig("softmax", 16, 8)),
+    "sigmoid-bias-groups": (6, 16, 32, 32, RouterConfig("sigmoid_group", 16, 4, renormalize=True, n_group=4,
+                                                         topk_group=2, scaling=2.5)),
+    "decode-b1-top8": (1, 16, 48, 40, RouterConfig("softmax", 16, 8, renormalize=True)),
+    "bucket-80-pairs": (40, 8, 32, 32, RouterConfig("softmax", 8, 2)),
+}
+
+
+@needs_triton
+@pytest.mark.parametrize("case", sorted(KERNEL_CASES))
+def test_fused_moe_kernel_matches_reference(case):
+    from adaspec.layers.moe.triton_kernels import fused_experts_triton
+
+    T, E, H, I, cfg = KERNEL_CASES[case]
+    w13, w2 = _experts(E, H, I)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(T, H, generator=g)
+    if cfg == "uneven":
+        ids = _uneven_ids(T, 2, E)
+        weights = torch.rand(T, 2, generator=g)
+    else:
+        weights, ids = route(torch.randn(T, E, generator=g), cfg, torch.randn(E, generator=g) * 0.3)
+    ref = fused_experts_ref(x, w13, w2, weights, ids)
+    got = fused_experts_triton(x, w13, w2, weights, ids)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_alignment_places_every_pair_once(block_m):
+    from adaspec.layers.moe.triton_kernels import align
+
+    T, k, E = 23, 2, 10
+    ids = _uneven_ids(T, k, E)
+    sorted_pairs, block_expert, block_rows = align(ids, E, block_m)
+    flat = ids.reshape(-1)
+    counts = torch.bincount(flat, minlength=E)
+    used = int((block_expert >= 0).sum())
+    assert used == int(((counts + block_m - 1) // block_m).sum())
+    assert (block_expert[used:] == -1).all() and (block_rows[used:] == 0).all()
+    assert block_expert[:used].tolist() == sorted(block_expert[:used].tolist())   # experts ascending
+    seen = []
+    for b in range(used):
+        rows = sorted_pairs[b * block_m: b * block_m + int(block_rows[b])].tolist()
+        assert all(int(flat[p]) == int(block_expert[b]) for p in rows)
+        seen += rows
+    assert sorted(seen) == list(range(T * k))
+
+
+@needs_triton
+def test_kernel_launch_parameters_do_not_change_the_result():
+    from adaspec.layers.moe.triton_kernels import fused_experts_triton
+
+    T, E, H, I = 13, 8, 48, 40
+    w13, w2 = _experts(E, H, I, seed=3)
+    x = torch.randn(T, H)
+    weights, ids = route(torch.randn(T, E), RouterConfig("softmax", 8, 2, renormalize=True))
+    ref = fused_experts_ref(x, w13, w2, weights, ids)
+    for cfg in ({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32}):
+        torch.testing.assert_close(fused_experts_triton(x, w13, w2, weights, ids, cfg), ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["glm4_moe", "qwen2_moe"])
+def test_sparse_block_with_shared_experts_on_the_kernel(arch, tmp_path, monkeypatch):
+    """A whole sparse block (router, experts, shared expert(s), Qwen2's sigmoid gate) through the
+    kernel's dispatch equals the block on the reference path."""
+    from moe_models import make_moe_model
+
+    from adaspec.models.loader import load_model
+    from adaspec.models.moe import SparseMoeBlock
+
+    model, _, _ = load_model(make_moe_model(tmp_path / arch, arch), torch.device("cpu"), "float32")
+    block = next(layer.mlp for layer in model.layers if isinstance(layer.mlp, SparseMoeBlock))
+    assert block.shared is not None
+    x = torch.randn(11, model.spec.hidden_size)
+    with torch.no_grad():
+        ref = block(x)
+        monkeypatch.setattr(moe_layer, "use_triton", lambda t: True)
+        got = block(x)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dispatch_uses_the_reference_on_cpu(monkeypatch):
+    called = []
+    monkeypatch.setattr(moe_layer, "fused_experts_ref", lambda *a: called.append(1) or a[0])
+    x = torch.randn(2, 8)
+    w13, w2 = _experts(2, 8, 4)
+    moe_layer.fused_experts(x, w13, w2, torch.ones(2, 1), torch.zeros(2, 1, dtype=torch.long))
+    assert called == [1]
+
+
+@needs_triton
+@pytest.mark.parametrize("E,k,renorm", [(8, 2, True), (6, 4, False), (128, 8, True), (4, 1, False)])
+def test_fused_softmax_router_matches_torch(E, k, renorm):
+    from adaspec.layers.moe.routing import softmax_topk
+    from adaspec.layers.moe.triton_kernels import softmax_topk_triton
+
+    logits = torch.randn(7, E, generator=torch.Generator().manual_seed(E))
+    cfg = RouterConfig("softmax", E, k, renormalize=renorm)
+    w_ref, ids_ref = softmax_topk(logits, cfg)
+    w, ids = softmax_topk_triton(logits, k, renorm)
+    assert ids.dtype == torch.int64 and torch.equal(ids, ids_ref)   # both in descending weight order
+    torch.testing.assert_close(w, w_ref, rtol=1e-6, atol=1e-7)
+
+
+@needs_triton
+def test_warm_up_runs_every_bucket(monkeypatch):
+    from adaspec.layers.moe import triton_kernels as tk
+
+    seen = []
+    monkeypatch.setattr(tk, "fused_experts_triton", lambda x, *a, **k: seen.append(x.shape[0]))
+    w13, w2 = _experts(4, 16, 8)
+    assert tk.warm_up(w13, w2, 2, torch.float32) == len(tk._table("E4_H16_I8")) == len(seen)
+    assert len(set(tk.launch_config(t * 2, 4, 16, 8)["BLOCK_M"] for t in seen)) == len(
+        set(c["BLOCK_M"] for c in tk._table("E4_H16_I8").values()))
+
+
+@needs_triton
+def test_kernel_rounds_weights_to_the_model_dtype_like_the_reference():
+    """Qwen's routing weights are rounded to the model dtype before the product (fp16 here,
+    which the interpreter computes): the kernel's in-load rounding equals the reference's cast."""
+    from adaspec.layers.moe.triton_kernels import fused_experts_triton
+
+    T, E, H, I = 6, 8, 32, 32
+    w13, w2 = _experts(E, H, I, seed=5, dtype=torch.float16)
+    x = torch.randn(T, H).half()
+    weights, ids = route(torch.randn(T, E), RouterConfig("softmax", E, 2, renormalize=True))
+    weights = weights + 1e-3   # not representable in fp16: rounding matters
+    ref = moe_layer.fused_experts(x, w13, w2, weights, ids, round_weights=True)       # reference path (CPU)
+    assert not torch.equal(ref, moe_layer.fused_experts(x, w13, w2, weights, ids))
+    got = fused_experts_triton(x, w13, w2, weights, ids, round_weights=True)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=2e-3, atol=2e-3)
