@@ -189,6 +189,8 @@ class ModelRunner:
         try:
             for num_heads, cache, dtype, windows in heads:
                 n += self.backend.warm_up(num_heads, cache, self.rows.block_table, self.block_size, dtype, windows)
+            if hasattr(self.model, "warm_up_kernels"):   # e.g. the fused-MoE launch buckets
+                n += self.model.warm_up_kernels()
             if self.draft is not None:   # the in-flight shift of speculative steps
                 from adaspec.device import shift_kernels
                 n += 2 * shift_kernels.warm_up(self.rows.last_count, self.rows.block_table, self.block_size)

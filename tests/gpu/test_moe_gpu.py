@@ -89,7 +89,7 @@ def test_kernel_replays_in_a_cuda_graph_with_new_routing():
 @pytest.mark.parametrize("name", ["qwen3_moe", "glm4_moe", "mixtral"])
 def test_cuda_moe_model_with_graphs_matches_transformers(name, tmp_path):
     """fp32 on the GPU with CUDA graphs (the engine's default there) and speculation off/on."""
-    from conftest import hf_greedy
+    from helpers import hf_greedy
     from moe_models import make_moe_model
 
     from adaspec import LLM, SamplingParams

@@ -15,9 +15,9 @@ from adaspec.models.loader import load_model
 from adaspec.models.moe import MoeForCausalLM, SparseMoeBlock
 from adaspec.models.registry import parse_model_spec
 from adaspec.testing import make_eagle3_head
-from conftest import assert_matches_reference, hf_greedy
+from helpers import assert_matches_reference, hf_greedy
 from moe_models import MOE_CONFIGS, make_moe_model
-from test_engine_core import GREEDY, MAX_NEW, prompts_of_lengths
+from helpers import GREEDY, MAX_NEW, prompts_of_lengths
 
 
 @pytest.fixture(autouse=True)
