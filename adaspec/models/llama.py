@@ -4,7 +4,8 @@ Mistral sliding window) over a paged KV cache.
 `forward(input_ids, positions)` takes a flat varlen batch (everything else it needs, the
 attention metadata and the KV caches, comes from the forward context) and returns the final
 normed hidden states plus, when `self.capture` lists layer indices, the *inputs* of those
-layers (pre-norm residual stream) concatenated: the features an EAGLE-3 head consumes.
+layers (pre-norm residual stream) concatenated in layer order, each layer once: the features
+an EAGLE-3 head consumes (as vLLM / SGLang / EAGLE build them).
 
 Inference runs fused: `fuse()` (called once after loading) merges q/k/v and gate/up into one
 matrix each; RMSNorm carries the residual add, rotary is applied together with the KV store
@@ -196,8 +197,20 @@ class LlamaForCausalLM(nn.Module):
         # partial_rotary_factor < 1 (GLM-4.5): rotary on the first rot_dim dims of each head only.
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_parameters, spec.max_position,
                                       partial=float(spec.rope_parameters.get("partial_rotary_factor", 1.0)))
-        self.capture: tuple[int, ...] = ()   # layers whose inputs the EAGLE-3 head reads
+        self._capture: tuple[int, ...] = ()
         self.cos_sin: torch.Tensor | None = None
+
+    @property
+    def capture(self) -> tuple[int, ...]:
+        """Layers whose inputs the EAGLE-3 head reads (index num_layers: the final pre-norm
+        hidden), ascending and each once: the aux features are concatenated in LAYER order,
+        a repeated id captured once, as vLLM, SGLang and EAGLE read them. Set it with any
+        iterable of ids; a head must size its fc input by the distinct ids."""
+        return self._capture
+
+    @capture.setter
+    def capture(self, ids) -> None:
+        self._capture = tuple(sorted(set(int(i) for i in ids)))
 
     def make_mlp(self, spec: ModelSpec, layer_idx: int) -> nn.Module:
         """Layer `layer_idx`'s MLP (MoE models override this)."""
@@ -223,17 +236,17 @@ class LlamaForCausalLM(nn.Module):
             cos_sin = self.cos_sin
         h = self.embed_tokens(input_ids)
         residual = None
-        captured: dict[int, torch.Tensor] = {}
+        captured: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             x, residual = layer.input_layernorm.forward(h, residual) if residual is not None else \
                 (layer.input_layernorm(h), h)
-            if i in self.capture:
-                captured[i] = residual
+            if i in self._capture:
+                captured.append(residual)
             h, residual = layer(x, residual, positions, cos_sin)
         out, residual = self.norm(h, residual)
-        captured[len(self.layers)] = residual
-        aux = torch.cat([captured[i] for i in self.capture], dim=-1) if self.capture else None
-        return out, aux
+        if len(self.layers) in self._capture:
+            captured.append(residual)
+        return out, (torch.cat(captured, dim=-1) if captured else None)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
