@@ -105,7 +105,7 @@ def make_eagle3_head(path: str | os.PathLike, target_dir: str | os.PathLike, *, 
     With `state_dict` the given tensors are written instead of random ones; `torch_dtype` is
     what config.json says they are. `draft_vocab_size=None` writes a full-vocabulary head without d2t.
     """
-    from adaspec.spec_decode.eagle3_checkpoint import save_eagle3
+    from adaspec.spec_decode.eagle3_checkpoint import default_aux_layers, distinct_aux_layers, save_eagle3
 
     tcfg = json.loads((Path(target_dir) / "config.json").read_text())
     H = tcfg["hidden_size"]
@@ -145,7 +145,12 @@ def make_eagle3_head(path: str | os.PathLike, target_dir: str | os.PathLike, *, 
             state_dict["t2d"] = t2d
         if with_embed:
             state_dict["embed_tokens.weight"] = rnd(V, H)
-    aux = None if aux_layer_ids is None else tuple(i + 1 for i in aux_layer_ids)
+    if aux_layer_ids is not None:
+        aux = tuple(i + 1 for i in aux_layer_ids)
+    else:   # the upstream default, unless it repeats a layer of this (small) target
+        L = json.loads((Path(target_dir) / "config.json").read_text())["num_hidden_layers"]
+        aux = distinct_aux_layers(L)
+        aux = None if aux == default_aux_layers(L) else aux
     return save_eagle3(path, target_dir, state_dict, aux_layers=aux, draft_vocab_size=draft_vocab_size,
                        torch_dtype=torch_dtype)
 

@@ -79,6 +79,19 @@ def default_aux_layers(num_target_layers: int) -> tuple[int, ...]:
     return (2, L // 2, L - 3)
 
 
+def distinct_aux_layers(num_target_layers: int) -> tuple[int, ...]:
+    """Three distinct capture layers where the upstream default repeats one (targets of fewer
+    than 7 layers: (2, L/2, L-3) is (2, 3, 3) for 6 layers, (2, 2, 1) for 4): the inputs of
+    layers 1, L/2 and L-1, or of 0, 1, 2 for 2-3 layers. Heads for such targets write them."""
+    L = num_target_layers
+    upstream = default_aux_layers(L)
+    if len(set(upstream)) == 3 and all(0 <= i <= L for i in upstream):
+        return upstream
+    if L < 2:
+        raise ValueError(f"a {L}-layer target has fewer than 3 distinct layer inputs to capture")
+    return (1, L // 2, L - 1) if L >= 4 else (0, 1, 2)
+
+
 # ---- reading a head's config --------------------------------------------------------------------
 
 def _layer_architecture(layer_cfg: dict, draft_dir: Path) -> str:
@@ -298,6 +311,16 @@ def load_eagle3(draft_dir: str | Path, target_spec: ModelSpec, target_embed: nn.
     if not own_embed and spec.hidden_size != target_spec.hidden_size:
         raise ValueError(f"EAGLE-3 head {draft_dir} has hidden_size={spec.hidden_size} != target's "
                          f"{target_spec.hidden_size} and no embed_tokens of its own")
+    # Aux features are captured in layer order, each layer once (as vLLM, SGLang and EAGLE do),
+    # whatever order the config lists them in; fc is sized by the distinct layers.
+    distinct = tuple(sorted(set(fmt.aux_layers)))
+    fc = tensors.get("fc.weight")
+    if len(distinct) != len(fmt.aux_layers) and fc is not None and fc.shape[-1] == len(fmt.aux_layers) * target_hidden:
+        raise ValueError(f"EAGLE-3 head {draft_dir} reads aux layers {list(fmt.aux_layers)} (layer inputs), which "
+                         f"repeat a layer, and its fc takes {len(fmt.aux_layers)} features; SGLang, vLLM and EAGLE "
+                         f"capture each layer once ({len(distinct)} features). Retrain it on distinct layers "
+                         f"(adaspec train-draft --aux-layers)")
+    fmt = replace(fmt, aux_layers=distinct)
     head = Eagle3Head(spec, target_hidden, draft_vocab, own_embed, fmt.aux_layers, fmt).to(device=device, dtype=dtype)
     if load_format == "dummy":
         init_dummy(head, seed + 1)

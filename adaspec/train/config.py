@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaspec.spec_decode.eagle3_checkpoint import default_aux_layers
+from adaspec.spec_decode.eagle3_checkpoint import default_aux_layers, distinct_aux_layers
 
 # Eval configurations of the end-of-training acceptance measurement: (num_steps, topk, num_draft_tokens).
 DEFAULT_EVAL_SPECS = ((4, 1, 5), (2, 4, 16))
@@ -66,13 +66,9 @@ class TrainConfig:
 
 
 def small_target_aux_layers(num_layers: int) -> tuple[int, ...]:
-    """Three distinct capture layers where the upstream default repeats one (targets of fewer
-    than 7 layers: (2, L/2, L-3) is (2, 3, 3) for 6 layers, (2, 2, 1) for 4): the inputs of
-    layers 1, L/2 and L-1, or of 0, 1, 2 for 2-3 layers."""
-    L = num_layers
-    if L < 2:
-        raise ValueError(f"a {L}-layer target has fewer than {NUM_AUX_LAYERS} distinct layer inputs to capture")
-    return (1, L // 2, L - 1) if L >= 4 else (0, 1, 2)
+    """Three distinct capture layers where the upstream default repeats one
+    (`eagle3_checkpoint.distinct_aux_layers`)."""
+    return distinct_aux_layers(num_layers)
 
 
 def resolve_aux_layers(requested: tuple[int, ...] | None, num_layers: int) -> tuple[tuple[int, ...], bool]:

@@ -71,13 +71,13 @@ def _head_tensors(g, *, first: str, later: str | None = None, num_layers: int = 
     return t
 
 
-def write_eagle_original(path: Path, seed: int = 1) -> Path:
+def write_eagle_original(path: Path, seed: int = 1, extra: dict | None = None) -> Path:
     """yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: a LlamaForCausalLM config with draft_vocab_size,
     fp16 tensors (int64 d2t, bool t2d) in pytorch_model.bin, no embedding."""
     path.mkdir(parents=True)
     g = torch.Generator().manual_seed(seed)
     cfg = {"architectures": ["LlamaForCausalLM"], "bias": False, "draft_vocab_size": 200,
-           "torch_dtype": "float16", **_draft_llama_fields()}
+           "torch_dtype": "float16", **_draft_llama_fields(), **(extra or {})}
     (path / "config.json").write_text(json.dumps(cfg))
     sd = _head_tensors(g, first="midlayer.", draft_vocab=200)
     sd = {k: (v.half() if v.is_floating_point() else v) for k, v in sd.items()}
@@ -310,9 +310,14 @@ def _check_drafts(llama_dir, target, head_dir: Path, variant: dict, aux_inputs: 
 
 def test_eagle_original_bin_head(llama_dir, target, tmp_path):
     """yuhuili's layout (LlamaForCausalLM config, fp16 pytorch_model.bin, d2t/t2d, no embedding)
-    is recognised by content, loads and drafts like the reference; default aux layers."""
-    d = write_eagle_original(tmp_path / "eagle")
-    llm = _check_drafts(llama_dir, target, d, {"first": "midlayer."}, [2, L // 2, L - 3])
+    is recognised by content, loads and drafts like the reference. On this 4-layer target the
+    default aux layers (2, L/2, L-3) = (2, 2, 1) repeat a layer, which upstream engines capture
+    once: a head whose fc takes three features is refused, by name, not misread."""
+    with pytest.raises(ValueError, match="repeat a layer"):
+        LLM(llama_dir, draft=str(write_eagle_original(tmp_path / "dup")), speculation="always", device="cpu",
+            dtype="float32")
+    d = write_eagle_original(tmp_path / "eagle", extra={"eagle_aux_hidden_state_layer_ids": [3, 1, 2]})
+    llm = _check_drafts(llama_dir, target, d, {"first": "midlayer."}, [1, 2, 3])   # layer order
     head = llm.engine.runner.draft
     assert head.fmt.layout.startswith("EAGLE original") and head.embed_tokens is None
 
@@ -461,7 +466,7 @@ def test_unimplemented_variants_are_refused_naming_the_key(llama_dir, target, tm
                                embed_requires_grad=False, aux_input_ids=[0, 2, 3], model_type="eagle")
     with pytest.raises(ValueError, match="speculators_model_type"):
         _load(llama_dir, eagle1)
-    bad_t2d = write_eagle_original(tmp_path / "h")
+    bad_t2d = write_eagle_original(tmp_path / "h", extra={"eagle_aux_hidden_state_layer_ids": [1, 2, 3]})
     sd = torch.load(bad_t2d / "pytorch_model.bin", weights_only=True)
     sd["t2d"] = ~sd["t2d"]
     torch.save(sd, bad_t2d / "pytorch_model.bin")

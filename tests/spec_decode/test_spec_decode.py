@@ -243,11 +243,11 @@ def test_seeded_output_independent_of_speculation_depth_and_batch(tmp_path):
     """Issue 23 item 4: a seeded request's tokens are a function of its seed alone: alone with
     speculation off, chains of 1 and 4, a tree, a per-request cap, and inside a batch of 32
     (with other seeded and unseeded requests), all identical; a different seed differs.
-    (A vocabulary of 16, so that sampled drafts are often accepted.)"""
-    d = make_tiny_model(tmp_path / "v16", "llama", vocab_size=16, init_std=0.1, eos_token_id=None)
-    head = make_eagle3_head(tmp_path / "h16", d)
-    prompt = [1, 5, 3, 2, 7, 11, 4]
-    sp = dict(max_tokens=24, temperature=0.9, top_p=0.95, ignore_eos=True)
+    (A vocabulary of 8, so that sampled drafts are often accepted.)"""
+    d = make_tiny_model(tmp_path / "v8", "llama", vocab_size=8, init_std=0.1, eos_token_id=None)
+    head = make_eagle3_head(tmp_path / "h8", d)
+    prompt = [1, 5, 3, 2, 7, 6, 4]
+    sp = dict(max_tokens=32, temperature=0.9, top_p=0.95, ignore_eos=True)
     seeded = SamplingParams(seed=1234, **sp)
     configs = {"off": {}, "chain1": dict(num_steps=1, topk=1), "chain4": dict(num_steps=4, topk=1),
                "tree": dict(num_steps=3, topk=2, num_draft_tokens=6)}
@@ -262,7 +262,7 @@ def test_seeded_output_independent_of_speculation_depth_and_batch(tmp_path):
             capped = SamplingParams(seed=1234, max_draft_tokens=2, **sp)
             outs["chain4-cap2"] = llm.generate([prompt], capped)[0].token_ids
             rng = torch.Generator().manual_seed(3)
-            others = [torch.randint(0, 16, (3 + i % 7,), generator=rng).tolist() for i in range(31)]
+            others = [torch.randint(0, 8, (3 + i % 7,), generator=rng).tolist() for i in range(31)]
             batch = [SamplingParams(seed=i if i % 2 else None, **sp) for i in range(31)]
             res = llm.generate(others[:16] + [prompt] + others[16:], batch[:16] + [seeded] + batch[16:])
             outs["chain4-batch32"] = res[16].token_ids
