@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP API (FastAPI): the routes and the app factory.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /metrics (Prometheus text), GET /server_info (JSON: configuration and engine stats).
+GET /metrics (Prometheus text), GET /server_info (JSON: configuration and engine stats; with an
+API key set, the model and draft directories appear as full paths only to a client sending it).
+No trailing-slash redirects (their Location would reflect the client's Host): "/health/" is a 404.
 
 Error contract: every error is {"error": {"message", "type", "param", "code"}}.
   400 invalid_request_error  malformed JSON, JSON nested deeper than MAX_JSON_DEPTH, a lone
@@ -15,7 +17,8 @@ Error contract: every error is {"error": {"message", "type", "param", "code"}}.
   404 invalid_request_error  unknown model (code "model_not_found", as OpenAI answers), unknown route
   503 overloaded_error       more than --max-queue-len requests in flight, or shutting down;
                              carries Retry-After. /health answers 503 while the engine is stalled
-                             (no progress for `stall_timeout_s` with requests pending) or stopped.
+                             (requests pending and no progress, or no word from the engine, for
+                             `stall_timeout_s`: see AsyncEngine.stalled_for) or stopped.
   500 server_error           an internal failure of that request only; the server keeps serving
 A client that disconnects before its non-streaming answer is ready is not an error: its
 requests are aborted and counted in adaspec_client_disconnects.
@@ -26,7 +29,9 @@ Sampling defaults, prompt encoding and streaming: `server/serving.py`; body pars
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -42,6 +47,7 @@ from adaspec.server.guard import RequestGuard
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError
 from adaspec.server.serving import OpenAIServing, ServerSettings
+from adaspec.server.stats_log import log_stats_forever
 
 __all__ = ["OpenAIServing", "ServerSettings", "create_app"]
 
@@ -52,20 +58,27 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     """Build the app around a synchronous engine. The engine thread starts with the app's lifespan
     and stops (aborting what is left) when the app shuts down."""
     aengine = AsyncEngine(engine, stall_timeout_s=settings.stall_timeout_s)
-    metrics = ServerMetrics(lambda: aengine.stats, lambda: aengine.num_inflight)
+    metrics = ServerMetrics(lambda: aengine.stats, lambda: aengine.num_inflight, settings.served_model_name)
     aengine.metrics = metrics
     serving = OpenAIServing(aengine, metrics, settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         aengine.start()
+        stats_task = (asyncio.create_task(log_stats_forever(lambda: aengine.stats, settings.log_stats_interval_s))
+                      if settings.log_stats_interval_s > 0 else None)
         try:
             yield
         finally:
+            if stats_task is not None:
+                stats_task.cancel()
             await aengine.stop(timeout=max(5.0, settings.shutdown_timeout))
             serving.worker.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="adaspec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # No trailing-slash redirects: Starlette builds their Location from the Host header, which
+    # makes the server reflect whatever Host a client sends. "/health/" is a 404.
+    app.router.redirect_slashes = False
     app.state.aengine = aengine
     app.state.metrics = metrics
     app.state.serving = serving
@@ -95,7 +108,8 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
 
     # Uncaught exceptions are answered (500) by the RequestGuard, which keeps the connection.
     app.add_middleware(RequestGuard, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes,
-                       body_timeout_s=settings.client_timeout_s, on_reject=metrics.on_rejected)
+                       body_timeout_s=settings.client_timeout_s, on_reject=metrics.on_rejected,
+                       allowed_hosts=settings.allowed_hosts)
 
     # Bodies are read and validated by hand (not as FastAPI body parameters) so that every
     # validation failure becomes an OpenAI-style 400 (the guard has checked the content type).
@@ -128,7 +142,14 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/server_info")
-    async def server_info():
-        return serving.server_info()
+    async def server_info(raw: Request):
+        info = serving.server_info()
+        if not raw.scope.get("adaspec.authorized", True):
+            # Open without the key (like /health), but without the server's filesystem layout.
+            cfg = info["config"]
+            for key in ("model_path", "draft"):
+                if cfg.get(key):
+                    cfg[key] = os.path.basename(os.path.normpath(cfg[key]))
+        return info
 
     return app

@@ -79,8 +79,45 @@ def parse_body(raw_body: bytes, model: type[BaseModel], max_array_len: int = 1 <
     except ValidationError as e:
         errors = e.errors()
         path = _error_path(errors[0]["loc"])
+        deepest = _furthest_union_member(errors)
+        if deepest is not None:
+            # One member of a union (e.g. prompt: a list of token ids) matched further than the
+            # others: its error is the real problem ("prompt.1: ... valid integer, got 2.5"),
+            # not the first member's ("Input should be a valid string").
+            raise APIError(f"{_error_path(deepest['loc'])}: {deepest['msg']}{_got(deepest)}",
+                           param=path or None) from None
         # A union field fails once per member type; say it once, with every expectation.
         msgs = list(dict.fromkeys(err["msg"] for err in errors if _error_path(err["loc"]) == path))
         if errors[0]["type"] == "missing":
             msgs = ["field required"]
         raise APIError(f"{path or 'body'}: {'; or '.join(msgs)}", param=path or None) from None
+
+
+def _furthest_union_member(errors: list[dict]) -> dict | None:
+    """The first error of the union member whose list got furthest (the highest index of its
+    first failing item) when that member is the only one to get so far; else None."""
+    first_loc = errors[0]["loc"]
+    tag_at = next((i for i, x in enumerate(first_loc) if isinstance(x, str) and x not in _FIELD_NAMES), None)
+    if tag_at is None:
+        return None
+    reached: dict[str, tuple[int, dict]] = {}
+    for err in errors:
+        loc = err["loc"]
+        if len(loc) <= tag_at or loc[:tag_at] != first_loc[:tag_at]:
+            continue
+        member = loc[tag_at]
+        index = loc[tag_at + 1] if len(loc) > tag_at + 1 and isinstance(loc[tag_at + 1], int) else -1
+        if member not in reached or index < reached[member][0]:
+            reached[member] = (index, err)
+    if not reached:
+        return None
+    best = max(index for index, _ in reached.values())
+    winners = [err for index, err in reached.values() if index == best]
+    return winners[0] if best >= 0 and len(winners) == 1 else None
+
+
+def _got(err: dict) -> str:
+    value = err.get("input")
+    if isinstance(value, (bool, int, float)) or value is None or (isinstance(value, str) and len(value) <= 40):
+        return f", got {json.dumps(value)}"
+    return ""

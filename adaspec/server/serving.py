@@ -8,7 +8,8 @@ Defaults (documented because OpenAI leaves them to the server):
               (--generation-config auto, the default; e.g. Llama-3.1: 0.6 / 0.9), else
               1.0, 1.0, -1 (off), 0.0 (OpenAI's and vLLM's). /server_info shows the ones in
               force under config.sampling_defaults; a request's own fields always win.
-Prompts are encoded as `adaspec/tokenization.py` states (shared with `adaspec generate`).
+Prompts are encoded as `adaspec/tokenization.py` states (shared with `adaspec generate`); chat
+content never becomes control tokens (`server/chat_prompt.py`).
 Bodies are parsed, validated and tokenized on one worker thread (the tokenizer is not
 thread-safe), never on the event loop, so a large prompt does not stall the other streams.
 A failure after a stream has started is sent as a final `data: {"error": ...}` event before
@@ -37,7 +38,8 @@ from adaspec.server.async_engine import AsyncEngine, EngineError, RequestStream
 from adaspec.server.body import parse_body
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
-from adaspec.tokenization import encode_chat, encode_text, has_chat_template
+from adaspec.server.chat_prompt import encode_chat_untrusted
+from adaspec.tokenization import encode_text, has_chat_template
 
 logger = logging.getLogger("adaspec.server")
 
@@ -62,6 +64,11 @@ class ServerSettings:
     max_body_bytes: int = 8 * 1024 * 1024    # larger request bodies get 413
     client_timeout_s: float = 30.0           # request head / body deadline (slow clients get cut)
     stall_timeout_s: float = 5.0             # /health fails after this long without engine progress
+    # Prompts x n one request may hold: well below the queue, so one client's batch cannot take
+    # every place in it (more is a 400, since waiting would not help).
+    max_prompts_per_request: int = 64
+    allowed_hosts: tuple[str, ...] = ()      # Host header values accepted (empty: any); see guard.py
+    log_stats_interval_s: float = 0.0        # the periodic stats line (server/stats_log.py); 0: off
 
 
 @dataclass
@@ -179,6 +186,11 @@ class OpenAIServing:
         except ValueError as e:
             param = _param_of(e)
             raise APIError(str(e), param=max_param if param == "max_tokens" else param) from None
+        vocab = getattr(self.aengine, "vocab_size", None)
+        beyond = [t for t in params.stop_token_ids if vocab is not None and t >= vocab]
+        if beyond:
+            raise APIError(f"stop_token_ids: token id {beyond[0]} is out of range [0, {vocab})",
+                           param="stop_token_ids")
         if explicit and len(prompt_ids) + max_tokens > limit:
             raise APIError(f"this model's maximum context length is {limit} tokens, but {len(prompt_ids)} "
                            f"prompt tokens + {max_param}={max_tokens} exceed it", param=max_param,
@@ -196,9 +208,11 @@ class OpenAIServing:
             prompts = list(p)
         if not prompts:
             raise APIError("the prompt is empty", param="prompt")
-        if len(prompts) > self.settings.max_queue_len:  # could never be admitted: not a 503
-            raise APIError(f"{len(prompts)} prompts in one request exceed the server's limit of "
-                           f"{self.settings.max_queue_len} requests in flight", param="prompt")
+        limit = min(self.settings.max_prompts_per_request, self.settings.max_queue_len)
+        if len(prompts) * req.n > limit:  # could never be admitted: a 400, not a 503
+            raise APIError(f"{len(prompts)} prompts in one request exceed the server's limit of {limit} "
+                           f"per request (--max-prompts-per-request); send them in several requests",
+                           param="prompt")
         out = []
         for item in prompts:
             if isinstance(item, str):
@@ -218,7 +232,7 @@ class OpenAIServing:
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
-            ids = encode_chat(self.tokenizer, messages)
+            ids = encode_chat_untrusted(self.tokenizer, messages)
         except Exception as e:  # jinja's TemplateError or a template's raise_exception()
             raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
         return [self._prepare(req, ids, self.aengine.max_model_len, "messages")]
@@ -472,6 +486,7 @@ class OpenAIServing:
                 "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,
                 "enable_prefix_caching": cfg.cache.enable_prefix_caching,
                 "device": cfg.device, "dtype": cfg.dtype, "max_queue_len": self.settings.max_queue_len,
+                "max_prompts_per_request": self.settings.max_prompts_per_request,
                 "generation_config": cfg.generation_config,
                 "sampling_defaults": {**BUILTIN_SAMPLING_DEFAULTS, **self.aengine.sampling_defaults},
             },
