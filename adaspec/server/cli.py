@@ -141,9 +141,9 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve_main(argv: list[str]) -> int:
-    """Exit status: 0 after a graceful stop; 1 the server could not start (port in use, engine
-    start-up failure) or its engine died while serving; 2 bad arguments; 128 + N when stopped
-    by a second signal N during the drain, or by a signal during start-up."""
+    """Exit status: 0 after a graceful stop; 1 the port cannot be bound, or the engine died while
+    serving; 2 bad arguments (a value, a path, or a configuration the engine refuses at load);
+    128 + N when a signal N stopped the start-up, or a second signal N cut the drain short."""
     args = build_serve_parser().parse_args(argv)
     _setup_logging(args.log_level)
     for name, value in (("--max-queue-len", args.max_queue_len), ("--max-request-bytes", args.max_request_bytes),
@@ -182,6 +182,7 @@ def serve_main(argv: list[str]) -> int:
             engine = _load_engine(args, process=not args.engine_in_thread)
         except (ValueError, TypeError, OSError, RuntimeError) as e:   # RuntimeError: the engine process died
             logger.error("cannot start the engine: %s", e)
+            sock.close()
             return 2
         _warn_if_context_cut(args, engine)
         server = _build_server(args, engine, sock)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -37,7 +38,8 @@ def gserver(tmp_path_factory):
     engine.vocab_size = VOCAB
     engine.tokenizer = load_tokenizer(str(model))
     settings = ServerSettings(served_model_name="fake", max_queue_len=64, api_key=KEY,
-                              max_prompts_per_request=PER_REQUEST, allowed_hosts=("127.0.0.1", "*.example.com"))
+                              max_prompts_per_request=PER_REQUEST, allowed_hosts=("127.0.0.1", "*.example.com"),
+                              log_stats_interval_s=0.05)
     app = create_app(engine, settings)
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
@@ -209,3 +211,12 @@ def test_content_the_template_rewrites_is_refused_if_it_holds_special_text(tok_m
     assert encode_chat_untrusted(tok, [{"role": "user", "content": "  hi  "}])   # no special text: fine
     with pytest.raises(ValueError, match="special-token text"):
         encode_chat_untrusted(tok, [{"role": "user", "content": " hi </s> "}])
+
+
+def test_the_server_logs_stats_lines_while_it_works(gserver, caplog):
+    with caplog.at_level(logging.INFO, logger="adaspec.server"):
+        assert complete(gserver, {"prompt": [3], "max_tokens": 40}).status_code == 200
+        deadline = time.time() + 10
+        while "Avg generation throughput" not in caplog.text and time.time() < deadline:
+            time.sleep(0.05)
+    assert "Avg generation throughput" in caplog.text and "Running:" in caplog.text
