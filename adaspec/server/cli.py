@@ -205,7 +205,7 @@ def serve_main(argv: list[str]) -> int:
     if not server.started:
         return 1
     if server.engine_death is not None:
-        logger.error("adaspec server stopped: %s", server.engine_death)
+        logger.error("adaspec server stopped because its engine died (exit status 1)")
         return 1
     if server.forced is not None:
         logger.warning("adaspec server stopped by a second %s", signal.Signals(server.forced).name)
