@@ -130,7 +130,10 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     @app.get("/health")
     async def health():
         if not aengine.is_alive:
-            return JSONResponse({"status": "unavailable"}, status_code=503)
+            body = {"status": "unavailable"}
+            if aengine.dead:
+                body["message"] = aengine.dead
+            return JSONResponse(body, status_code=503)
         stalled = aengine.stalled_for
         if stalled is not None:
             return JSONResponse({"status": "stalled", "message": f"the engine has made no progress for "
