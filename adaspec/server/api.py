@@ -89,7 +89,7 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
-        if e.status >= 500 and e.status != 503:
+        if e.status >= 500 and e.status != 503 and not aengine.dead:   # (a dead engine is logged once)
             logger.error("%s %s failed: %s", request.method, request.url.path, e.message)
         return error_response(e, e.code or e.type)
 

@@ -44,6 +44,7 @@ import time
 from typing import Callable
 
 import h11
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 logger = logging.getLogger("adaspec.server")
@@ -133,6 +134,8 @@ class RequestGuard:
                 raise
             read_all = r.status == 413 and (body_done or await self._drain(receive, deadline))
             await self._answer(send, r.status, r.message, r.reason, close=not read_all)
+        except ClientDisconnect:
+            return   # the connection closed while its body was read (e.g. at shutdown): no one to answer
         except Exception:
             logger.exception("%s %s failed", scope["method"], scope["path"])
             if started:  # a response is half sent: the connection cannot be saved

@@ -54,7 +54,7 @@ def gserver(tmp_path_factory):
                 break
         except httpx.HTTPError:
             time.sleep(0.05)
-    yield SimpleNamespace(url=url, port=port, engine=engine, model=str(model))
+    yield SimpleNamespace(url=url, port=port, engine=engine, model=str(model), server=server)
     server.should_exit = True
     thread.join(10)
 
@@ -220,3 +220,22 @@ def test_the_server_logs_stats_lines_while_it_works(gserver, caplog):
         while "Avg generation throughput" not in caplog.text and time.time() < deadline:
             time.sleep(0.05)
     assert "Avg generation throughput" in caplog.text and "Running:" in caplog.text
+
+
+def test_a_client_gone_mid_body_is_not_an_error(gserver, caplog):
+    """Found by the chaos run: a connection closed while its body was being read (a slow client,
+    or every such connection at shutdown) logged a ClientDisconnect traceback."""
+    connections = gserver.server.server_state.connections
+    with caplog.at_level(logging.INFO, logger="adaspec.server"):
+        s = socket.create_connection(("127.0.0.1", gserver.port), timeout=10)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n{\"prompt\": ")
+        deadline = time.time() + 10
+        while not connections and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)     # (the app is reading the body now)
+        s.close()
+        while connections and time.time() < deadline:
+            time.sleep(0.01)
+    assert not connections
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
