@@ -288,6 +288,9 @@ def _build_server(args: argparse.Namespace, engine, sock: socket.socket):
             self.engine_death = cause
             aengine.stopping = True
             self.should_exit = True
+            # Every request has failed already; connections still open (idle keep-alives,
+            # clients slow to send) would hold the exit for up to --client-timeout.
+            self._loop.call_later(1.0, self._cut_connections)
 
         async def startup(self, sockets=None) -> None:
             self._loop = asyncio.get_running_loop()
