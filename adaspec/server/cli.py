@@ -276,12 +276,12 @@ def _build_server(args: argparse.Namespace, engine, sock: socket.socket):
                 self._loop.call_soon_threadsafe(self._loop.call_later, 1.0, self._cut_connections)
 
         def _cut_connections(self) -> None:
+            # Aborting the transport ends each request task on its own (its receive returns
+            # http.disconnect); cancelling the tasks instead would log each as an ASGI error.
             for conn in list(self.server_state.connections):
                 transport = getattr(conn, "transport", None)
                 if transport is not None:
                     transport.abort()
-            for task in list(self.server_state.tasks):
-                task.cancel()
 
         def engine_died(self, cause: str) -> None:
             """The engine is gone (see AsyncEngine.on_dead): stop, so a supervisor restarts us."""
