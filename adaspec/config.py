@@ -10,6 +10,13 @@ SPECULATION_POLICIES = ("off", "always", "threshold", "auto")
 GENERATION_CONFIG_MODES = ("auto", "none")
 
 
+def _require(ok: bool, name: str, flag: str, what: str, value) -> None:
+    """A ValueError naming the keyword and its command-line flag, e.g.
+    "max_num_seqs (--max-num-seqs) must be >= 1, got 0"."""
+    if not ok:
+        raise ValueError(f"{name} ({flag}) must be {what}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
@@ -19,12 +26,30 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.90
     enable_prefix_caching: bool = True
 
+    def __post_init__(self) -> None:
+        bs = self.block_size
+        _require(isinstance(bs, int) and 1 <= bs <= 256 and bs & (bs - 1) == 0, "block_size", "--block-size",
+                 "a power of two from 1 to 256", bs)
+        _require(self.num_blocks is None or self.num_blocks >= 1, "num_kv_blocks", "--num-kv-blocks", ">= 1",
+                 self.num_blocks)
+        _require(self.memory_bytes is None or self.memory_bytes > 0, "kv_cache_memory", "--kv-cache-memory",
+                 "> 0 bytes", self.memory_bytes)
+        _require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "--gpu-memory-utilization",
+                 "in (0, 1]", self.gpu_memory_utilization)
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192   # per-step token budget (chunked prefill)
     max_model_len: int | None = None     # default: the model's max_position_embeddings
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs >= 1, "max_num_seqs", "--max-num-seqs", ">= 1", self.max_num_seqs)
+        _require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "--max-num-batched-tokens", ">= 1",
+                 self.max_num_batched_tokens)
+        _require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "--max-model-len",
+                 ">= 2 (a prompt token and a generated one)", self.max_model_len)
 
 
 @dataclass(frozen=True)
@@ -60,9 +85,10 @@ class SpecConfig:
             raise ValueError(f"a chain (topk=1) of num_steps={self.num_steps} verifies at most "
                              f"{self.num_steps + 1} tokens, got num_draft_tokens={n}")
         if self.policy == "threshold" and (self.spec_disable_batch_size is None or self.spec_disable_batch_size < 1):
-            raise ValueError("speculation='threshold' needs spec_disable_batch_size >= 1")
+            raise ValueError("speculation='threshold' needs spec_disable_batch_size "
+                             "(--spec-disable-batch-size) >= 1")
         if self.policy != "off" and self.draft is None:
-            raise ValueError(f"speculation={self.policy!r} needs a draft model (draft=PATH)")
+            raise ValueError(f"speculation={self.policy!r} needs a draft model (draft=DIR, --draft DIR)")
         if self.simulate_accept_rate is not None and not (0.0 <= self.simulate_accept_rate <= 1.0):
             raise ValueError(f"spec_simulate_accept_rate must be in [0, 1], got {self.simulate_accept_rate}")
 

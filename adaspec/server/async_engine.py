@@ -20,6 +20,17 @@ Failure contract:
     stream raises `EngineError` and the error is logged.
   * If `step()` raises, every in-flight request is aborted and failed with `EngineError`, the
     traceback is logged, and the loop keeps serving new requests.
+  * If the engine is gone (an engine process whose `alive` turned False: killed, crashed), the
+    cause is logged ONCE, every in-flight request fails with `EngineError`, the thread ends and
+    `on_dead(cause)` (when set) is called on the event loop: the server exits non-zero then,
+    so a supervisor restarts it, instead of staying up answering 503.
+
+Liveness (`stalled_for`, behind /health): with requests in flight, the engine is stalled when
+it has planned nothing for `stall_timeout_s` (its own watch, `stalled_since`) OR when nothing
+was heard from it for that long: the engine thread's last turn, and for an engine process the
+last message it sent (it sends at least every 0.5 s while its loop turns, busy or idle). A
+frozen engine (SIGSTOP, a deadlock, a kernel that never returns) sends nothing and is caught
+by the second clause; the first alone could not see it.
 """
 from __future__ import annotations
 
@@ -98,7 +109,10 @@ class AsyncEngine:
         self._stats: dict = self._safe_stats()
         self._stopped = threading.Event()
         self._lock = threading.Lock()
+        self._beat = time.monotonic()            # the engine thread's last loop turn
         self.stopping = False
+        self.dead: str | None = None             # why the engine is gone, once it is
+        self.on_dead = None                      # called as on_dead(cause) on the event loop
 
     # ----- properties read by the API ------------------------------------------------------
     @property
@@ -137,13 +151,19 @@ class AsyncEngine:
         return len(self._streams)
 
     @property
+    def vocab_size(self) -> int | None:
+        return getattr(self.engine, "vocab_size", None)
+
+    @property
     def stalled_for(self) -> float | None:
         """Seconds the engine has gone without progress while requests are pending, once that
-        exceeds `stall_timeout_s` (the engine's own watch; see Engine.stalled_since); else None."""
+        exceeds `stall_timeout_s`; else None (see "Liveness" in the module docstring)."""
+        now = time.monotonic()
         since = getattr(self.engine, "stalled_since", None)
-        if since is None:
-            return None
-        elapsed = time.monotonic() - since
+        elapsed = 0.0 if since is None else now - since
+        if self._streams:
+            heard = min(self._beat, getattr(self.engine, "last_heard", self._beat))
+            elapsed = max(elapsed, now - heard)
         return elapsed if elapsed > self.stall_timeout_s else None
 
     @property
@@ -167,6 +187,13 @@ class AsyncEngine:
         self.stopping = True
         if self._loop is not None:
             self._post(self._loop.call_later, timeout, self.abort_all)
+
+    def abort_now(self) -> None:
+        """`drain` with no time left: refuse new requests and end the in-flight ones at once
+        (finish_reason "abort"); safe from a signal handler or any thread."""
+        self.stopping = True
+        if self._loop is not None:
+            self._post(self.abort_all)
 
     def abort_all(self) -> None:
         """Finish every in-flight request now with finish_reason "abort" (event loop only)."""
@@ -253,16 +280,23 @@ class AsyncEngine:
         return stream
 
     # ----- engine thread ------------------------------------------------------------------------
+    def _engine_alive(self) -> bool:
+        return getattr(self.engine, "alive", True)   # (an engine process can die)
+
     def _safe_stats(self) -> dict:
+        if not self._engine_alive():
+            return getattr(self, "_stats", {})
         try:
             return dict(self.engine.stats())
         except Exception:  # stats are best-effort; never let them take the loop down
-            logger.exception("engine.stats() failed")
-            return {}
+            if self._engine_alive():
+                logger.exception("engine.stats() failed")
+            return getattr(self, "_stats", {})
 
     def _run(self) -> None:
         try:
-            while getattr(self.engine, "alive", True):   # (an engine process can die)
+            while self._engine_alive():
+                self._beat = time.monotonic()
                 # A stalled engine (it planned nothing last step) waits for a command, such as
                 # an abort that may unblock it, instead of spinning a core.
                 busy = self.engine.has_unfinished() and not getattr(self.engine, "num_stalled_steps", 0)
@@ -272,8 +306,12 @@ class AsyncEngine:
                     continue
                 self._step()
             else:
-                logger.error("the engine process died; failing what was in flight")
-                self._fail_all(EngineError("the engine process died"))
+                cause = getattr(self.engine, "death_cause", None) or "the engine process died"
+                self.dead = cause
+                logger.error("%s; failing %d in-flight request(s) and shutting down", cause,
+                             len(self._in_engine))
+                self._fail_all(EngineError(cause))
+                self._post(self._report_dead, cause)
         except BaseException:
             logger.exception("engine thread crashed")
             self._fail_all(EngineError("the engine thread crashed"))
@@ -328,6 +366,9 @@ class AsyncEngine:
             done.set_exception(e)
             return
         except Exception as e:
+            if not self._engine_alive():   # reported once by the loop, not per request
+                done.set_exception(EngineError("the engine is not running"))
+                return
             logger.exception("adding request %s failed", request_id)
             done.set_exception(EngineError(f"internal error while adding the request: {e}"))
             return
@@ -339,12 +380,15 @@ class AsyncEngine:
         try:
             self.engine.abort_request(request_id)
         except Exception:
-            logger.exception("aborting request %s failed", request_id)
+            if self._engine_alive():
+                logger.exception("aborting request %s failed", request_id)
 
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
         except Exception as e:
+            if not self._engine_alive():   # the loop reports it once and fails what is in flight
+                return
             logger.exception("engine step failed; failing %d in-flight request(s)", len(self._in_engine))
             failed = list(self._in_engine)
             for rid in failed:
@@ -394,6 +438,10 @@ class AsyncEngine:
             if out.finished:
                 self._streams.pop(out.request_id, None)
             stream._put(out)
+
+    def _report_dead(self, cause: str) -> None:
+        if self.on_dead is not None:
+            self.on_dead(cause)
 
     def _dispatch_errors(self, request_ids: list[str], exc: EngineError) -> None:
         for rid in request_ids:

@@ -1,23 +1,32 @@
 """`adaspec serve` (the OpenAI-compatible server) and `adaspec generate` (one prompt from the shell).
 
-serve: loads the engine, serves it with uvicorn, logs ONE startup line (model, draft, policy, KV
-capacity, URL) once the socket listens. SIGINT/SIGTERM stop accepting connections, let in-flight
-requests finish for up to --shutdown-timeout seconds, abort the rest, and exit with status 0.
+serve: binds the port (a port in use fails at once), loads the engine, serves it with uvicorn,
+logs ONE startup line (model, draft, policy, KV capacity, URL) once the socket listens.
+SIGINT/SIGTERM stop accepting connections, let in-flight requests finish for up to
+--shutdown-timeout seconds, abort the rest, and exit with status 0; a second signal ends every
+request still in flight at once (streams still get their final chunk and [DONE]) and exits
+128 + the signal.
+A signal during start-up stops it (engine process included) and exits 128 + the signal. If the
+engine dies while serving, in-flight requests fail, the cause is logged once and the exit is 1.
 
 generate: streams the completion of one prompt to stdout; a summary line (token counts, speed,
 and with a draft the acceptance length) goes to stderr so stdout stays the completion only.
-Exit status: 0 success, 2 bad arguments or input, 1 the server could not start.
+Exit status: 0 success, 2 bad arguments or input, 1 the server could not start or failed.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 
 from adaspec.config import EngineConfig, add_engine_cli_args, engine_kwargs_from_cli
+from adaspec.tokenization import TOKENIZER_FILES
 
 logger = logging.getLogger("adaspec.server")
 
@@ -27,12 +36,36 @@ def _setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
+def check_paths(args: argparse.Namespace) -> str | None:
+    """What is wrong with --model / --draft / --tokenizer, before anything heavy is imported or
+    loaded, or None. Models load from local directories only."""
+    def hint(path: str) -> str:
+        if "/" in path.strip("/") and not os.path.isabs(path) and not path.startswith("."):
+            return (f"; adaspec loads models from local directories: download it first, e.g. "
+                    f"`huggingface-cli download {path} --local-dir DIR`, then pass DIR")
+        return ""
+
+    for flag, path, must_hold in (("--model", args.model, ("config.json",)),
+                                  ("--draft", args.draft, ("config.json",)),
+                                  ("--tokenizer", args.tokenizer, TOKENIZER_FILES)):
+        if path is None:
+            continue
+        if not os.path.isdir(path):
+            return f"{flag} {path}: not a directory{hint(path)}"
+        if not any(os.path.exists(os.path.join(path, f)) for f in must_hold):
+            return f"{flag} {path}: holds none of {', '.join(must_hold)}"
+    return None
+
+
 def _load_engine(args: argparse.Namespace, process: bool = False):
     """The engine for `args`; with `process`, in its own process (see server/engine_proc.py)."""
     from adaspec.demo import apply_demo_defaults
     from adaspec.engine.engine import Engine
 
     apply_demo_defaults(args)  # no --model: the bundled demo pair, speculation auto
+    problem = check_paths(args)
+    if problem is not None:
+        raise ValueError(problem)
     cfg = EngineConfig.create(args.model, **engine_kwargs_from_cli(args))
     if process:
         from adaspec.server.engine_proc import EngineProcess
@@ -48,6 +81,13 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (logged at startup)")
     p.add_argument("--max-queue-len", type=int, default=1024,
                    help="requests in flight (waiting + running) beyond which new ones get 503 + Retry-After")
+    p.add_argument("--max-prompts-per-request", type=int, default=64,
+                   help="prompts one /v1/completions request may hold (more is a 400), so one client's "
+                        "batch cannot fill the whole queue (capped at --max-queue-len)")
+    p.add_argument("--allowed-hosts", default=None,
+                   help="comma-separated Host header values the server answers, e.g. "
+                        "'localhost,127.0.0.1,*.example.com' (others get 400, against DNS rebinding); "
+                        "default: any")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGINT/SIGTERM")
     p.add_argument("--api-key", default=os.environ.get("ADASPEC_API_KEY") or None,
@@ -62,6 +102,10 @@ def build_serve_parser() -> argparse.ArgumentParser:
                    help="seconds without engine progress, with requests pending, after which "
                         "/health answers 503")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--disable-log-stats", action="store_true",
+                   help="no periodic stats line (throughput, running/waiting, KV usage, speculation)")
+    p.add_argument("--log-stats-interval", type=float, default=10.0,
+                   help="seconds between stats lines (default 10; an idle interval logs nothing)")
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     p.add_argument("--engine-in-thread", action="store_true",
                    help="run the engine in a thread of the server process instead of its own process "
@@ -69,20 +113,123 @@ def build_serve_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Interrupted(Exception):
+    """SIGINT or SIGTERM during start-up (before uvicorn takes the signals over)."""
+
+    def __init__(self, sig: int):
+        super().__init__(signal.Signals(sig).name)
+        self.sig = sig
+
+
+def _raise_interrupted(sig, frame) -> None:
+    raise _Interrupted(sig)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The server's socket, bound (not yet listening) before the model loads, so a port in use
+    is reported at once; uvicorn listens on it once the engine is ready."""
+    family, type_, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                       flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, type_, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def serve_main(argv: list[str]) -> int:
+    """Exit status: 0 after a graceful stop; 1 the port cannot be bound, or the engine died while
+    serving; 2 bad arguments (a value, a path, or a configuration the engine refuses at load);
+    128 + N when a signal N stopped the start-up, or a second signal N cut the drain short."""
     args = build_serve_parser().parse_args(argv)
     _setup_logging(args.log_level)
     for name, value in (("--max-queue-len", args.max_queue_len), ("--max-request-bytes", args.max_request_bytes),
-                        ("--client-timeout", args.client_timeout), ("--stall-timeout", args.stall_timeout)):
+                        ("--client-timeout", args.client_timeout), ("--stall-timeout", args.stall_timeout),
+                        ("--log-stats-interval", args.log_stats_interval)):
         if value <= 0:
             logger.error("%s must be > 0, got %s", name, value)
             return 2
-    try:
-        engine = _load_engine(args, process=not args.engine_in_thread)
-    except (ValueError, TypeError, OSError, RuntimeError) as e:   # RuntimeError: the engine process died
-        logger.error("cannot start the engine: %s", e)
+    if args.max_prompts_per_request < 1:
+        logger.error("--max-prompts-per-request must be >= 1, got %d", args.max_prompts_per_request)
         return 2
+    try:
+        from adaspec.demo import apply_demo_defaults
+        apply_demo_defaults(args)
+        EngineConfig.create(args.model, **engine_kwargs_from_cli(args))   # every value checked here
+    except (ValueError, TypeError) as e:
+        logger.error("%s", e)
+        return 2
+    problem = check_paths(args)
+    if problem is not None:
+        logger.error("%s", problem)
+        return 2
+    if args.tokenizer is None and not any(os.path.exists(os.path.join(args.model, f)) for f in TOKENIZER_FILES):
+        logger.warning("%s has no tokenizer: only token-id prompts will work (pass --tokenizer DIR)", args.model)
+    try:
+        sock = _bind(args.host, args.port)
+    except OSError as e:
+        logger.error("cannot listen on %s:%d: %s", args.host, args.port, e.strerror or e)
+        return 1
+    # Until uvicorn takes the signals over, SIGINT / SIGTERM end the start-up: the engine
+    # process (if started) is killed, and the exit is quiet and non-zero.
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    engine = None
+    try:
+        try:
+            engine = _load_engine(args, process=not args.engine_in_thread)
+        except (ValueError, TypeError, OSError, RuntimeError) as e:   # RuntimeError: the engine process died
+            logger.error("cannot start the engine: %s", e)
+            sock.close()
+            return 2
+        _warn_if_context_cut(args, engine)
+        server = _build_server(args, engine, sock)
+        # uvicorn re-raises the signal that stopped it once it has shut down gracefully; with the
+        # default handlers that would kill the process (status 143 for SIGTERM). These no-op
+        # handlers are what it re-raises into; the exit status is decided below.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
+    except _Interrupted as e:
+        logger.error("start-up interrupted by %s; stopped", e)
+        if engine is not None and hasattr(engine, "close"):
+            engine.close(timeout=5)
+        sock.close()
+        return 128 + e.sig
+    finally:
+        for sig, handler in previous.items():
+            if signal.getsignal(sig) is _raise_interrupted:
+                signal.signal(sig, handler)
+    server.run(sockets=[sock])
+    if not server.started:
+        return 1
+    if server.engine_death is not None:
+        logger.error("adaspec server stopped because its engine died (exit status 1)")
+        return 1
+    if server.forced is not None:
+        logger.warning("adaspec server stopped by a second %s", signal.Signals(server.forced).name)
+        return 128 + server.forced
+    logger.info("adaspec server stopped")
+    return 0
 
+
+def _warn_if_context_cut(args: argparse.Namespace, engine) -> None:
+    """The engine silently fits the context to the KV cache when --max-model-len is not given;
+    say so when that cuts it below what the model supports."""
+    try:
+        with open(os.path.join(args.model, "config.json")) as f:
+            model_max = int(json.load(f).get("max_position_embeddings") or 0)
+    except (OSError, ValueError, TypeError):
+        return
+    if args.max_model_len is None and 0 < engine.max_model_len < model_max:
+        logger.warning("the KV cache holds %d tokens, so the context is cut to %d tokens (the model "
+                       "supports %d): give the cache more room (--num-kv-blocks, --kv-cache-memory, "
+                       "--gpu-memory-utilization) or set --max-model-len", engine.max_model_len + 1,
+                       engine.max_model_len, model_max)
+
+
+def _build_server(args: argparse.Namespace, engine, sock: socket.socket):
     import uvicorn
 
     from adaspec.server.api import ServerSettings, create_app
@@ -91,52 +238,86 @@ def serve_main(argv: list[str]) -> int:
     settings = ServerSettings(served_model_name=args.served_model_name or args.model,
                               max_queue_len=args.max_queue_len, shutdown_timeout=args.shutdown_timeout,
                               api_key=args.api_key, max_body_bytes=args.max_request_bytes,
-                              client_timeout_s=args.client_timeout, stall_timeout_s=args.stall_timeout)
+                              client_timeout_s=args.client_timeout, stall_timeout_s=args.stall_timeout,
+                              max_prompts_per_request=args.max_prompts_per_request,
+                              log_stats_interval_s=0.0 if args.disable_log_stats else args.log_stats_interval,
+                              allowed_hosts=tuple(h.strip() for h in (args.allowed_hosts or "").split(",")
+                                                  if h.strip()))
     app = create_app(engine, settings)
+    aengine = app.state.aengine
     cfg = engine.config
     block_size = cfg.cache.block_size
 
     class Server(uvicorn.Server):
+        forced: int | None = None          # the second signal, if one cut the drain short
+        engine_death: str | None = None    # why the engine died, if it did
+
         def handle_exit(self, sig, frame) -> None:
-            # First signal: refuse new requests and, at the deadline, end the in-flight ones with
-            # finish_reason "abort" so every client gets a complete response. uvicorn meanwhile
-            # stops accepting connections and waits for the open ones to finish.
             if not self.should_exit:
-                app.state.aengine.drain(args.shutdown_timeout)
-            super().handle_exit(sig, frame)
+                # First signal: refuse new requests and, at the deadline, end the in-flight ones
+                # with finish_reason "abort" so every client gets a complete response. uvicorn
+                # meanwhile stops accepting connections and waits for the open ones to finish.
+                logger.info("%s: draining %d in-flight request(s) for up to %g s (a second signal "
+                            "stops at once)", signal.Signals(sig).name, aengine.num_inflight,
+                            args.shutdown_timeout)
+                aengine.drain(args.shutdown_timeout)
+                super().handle_exit(sig, frame)
+            elif self.forced is None and aengine.num_inflight:
+                # Second signal while requests are in flight: end them now (each stream still
+                # gets its final chunk and [DONE]), give the answers a moment to go out, then
+                # cut what is left; the exit status says the drain was cut short. (With nothing
+                # in flight the shutdown is already under way and goes on as it is.)
+                # uvicorn's own force-exit is not used: it would skip the app's shutdown, and
+                # with it the engine process's.
+                self.forced = sig
+                logger.warning("%s again: ending %d in-flight request(s) now", signal.Signals(sig).name,
+                               aengine.num_inflight)
+                aengine.abort_now()
+                self._loop.call_soon_threadsafe(self._loop.call_later, 1.0, self._cut_connections)
+
+        def _cut_connections(self) -> None:
+            # Aborting the transport ends each request task on its own (its receive returns
+            # http.disconnect); cancelling the tasks instead would log each as an ASGI error.
+            for conn in list(self.server_state.connections):
+                transport = getattr(conn, "transport", None)
+                if transport is not None:
+                    transport.abort()
+
+        def engine_died(self, cause: str) -> None:
+            """The engine is gone (see AsyncEngine.on_dead): stop, so a supervisor restarts us."""
+            self.engine_death = cause
+            aengine.stopping = True
+            self.should_exit = True
+            # Every request has failed already; connections still open (idle keep-alives,
+            # clients slow to send) would hold the exit for up to --client-timeout.
+            self._loop.call_later(1.0, self._cut_connections)
 
         async def startup(self, sockets=None) -> None:
+            self._loop = asyncio.get_running_loop()
             await super().startup(sockets)
             if not self.started:
                 return
             port = self.servers[0].sockets[0].getsockname()[1] if self.servers else args.port
-            st = app.state.aengine.stats
+            st = aengine.stats
             total = int(st.get("num_total_blocks", 0) or 0)
             graphs = (f"{st['cuda_graphs']} CUDA graphs ({st['cuda_graph_capture_s']} s, "
                       f"{st['cuda_graph_memory_bytes'] / 2**30:.2f} GiB)" if st.get("cuda_graphs") else "eager")
-            logger.info("adaspec serving %s | draft %s | speculation %s | KV capacity %d tokens "
-                        "(%d blocks x %d) | %s attention, %s | http://%s:%d", settings.served_model_name,
-                        cfg.spec.draft or "none", cfg.spec.policy, total * block_size, total,
-                        block_size, st.get("attention_backend", "?"), graphs, args.host, port)
+            logger.info("adaspec serving %s | draft %s | speculation %s | device %s, dtype %s | max model "
+                        "len %d | KV capacity %d tokens (%d blocks x %d) | %s attention, %s | http://%s:%d",
+                        settings.served_model_name, cfg.spec.draft or "none", cfg.spec.policy, cfg.device,
+                        cfg.dtype, engine.max_model_len, total * block_size, total, block_size,
+                        st.get("attention_backend", "?"), graphs, args.host, port)
 
     # uvicorn's own start/stop chatter stays below the one startup line unless debugging.
     uv_level = "debug" if args.log_level == "debug" else "warning"
     # uvicorn's own deadline is a backstop (e.g. a client that stopped reading): a few seconds
     # after ours, it cancels what is still open.
-    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=uv_level,
+    server = Server(uvicorn.Config(app, host=args.host, port=sock.getsockname()[1], log_level=uv_level,
                                    access_log=args.access_log, lifespan="on",
                                    http=GuardedH11Protocol.with_header_timeout(args.client_timeout),
                                    timeout_graceful_shutdown=args.shutdown_timeout + 5))
-    # uvicorn re-raises the signal that stopped it once it has shut down gracefully; with the
-    # default handlers that would kill the process (status 143 for SIGTERM). These no-op
-    # handlers are what it re-raises into, so a graceful stop exits 0.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-    server.run()
-    if not server.started:
-        return 1
-    logger.info("adaspec server stopped")
-    return 0
+    aengine.on_dead = server.engine_died
+    return server
 
 
 # ----- generate ---------------------------------------------------------------------------------------

@@ -16,12 +16,21 @@ this side accumulates the full token ids and text.
 
 Requests are validated HERE with the engine's own checks (`check_request`), so a bad request
 fails at once with the same ValueError, without a round trip.
+
+Liveness: the engine sends an "out" message after every step that produced something and at
+least every 0.5 s while its loop turns (idle or busy); `last_heard` is when the last one
+arrived, so a frozen engine process shows as silence (see AsyncEngine.stalled_for).
+Death: once the process is gone, `alive` is False and `death_cause` says why; `step()` raises
+`EngineProcessDied`, while `abort_request`, `stats` and `close` become quiet no-ops.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing as mp
+import os
 import signal
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -59,10 +68,22 @@ class EngineProcess:
         self._out, out_w = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=_engine_main, args=(cfg, cmd_r, out_w), name="adaspec-engine",
                                  daemon=True)
-        self._proc.start()
+        # Started with SIGINT ignored (inherited through exec), so a Ctrl-C during start-up, which
+        # the terminal sends to the whole process group, reaches only this process: it stops
+        # the child itself (below) instead of the child dying mid-import with a traceback.
+        previous = _ignore_sigint()
+        try:
+            self._proc.start()
+        finally:
+            _restore_sigint(previous)
         cmd_r.close()
         out_w.close()
-        msg = self._recv()
+        atexit.register(self._kill)
+        try:
+            msg = self._recv()
+        except BaseException:   # interrupted (a signal) or the child died while loading
+            self._kill()
+            raise
         if msg[0] == "startup_error":
             self._proc.join(10)
             raise _STARTUP_ERRORS.get(msg[1], RuntimeError)(msg[2])
@@ -73,6 +94,8 @@ class EngineProcess:
         self.draft_format = info["draft_format"]
         self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
         self._stats = info["stats"]
+        self.last_heard = time.monotonic()
+        self.death_cause: str | None = None
         self.num_stalled_steps, self.stalled_since = 0, None
         self._live: dict[str, _Live] = {}
         self._ready: deque[RequestOutput] = deque()
@@ -90,7 +113,7 @@ class EngineProcess:
         return request_id
 
     def abort_request(self, request_id: str) -> None:
-        if self._live.pop(request_id, None) is not None:
+        if self._live.pop(request_id, None) is not None and self.alive:
             self._send(("abort", request_id))
 
     def has_unfinished(self) -> bool:
@@ -104,7 +127,8 @@ class EngineProcess:
         return outs
 
     def stats(self) -> dict:
-        self._pump(0.0)
+        if self.alive:
+            self._pump(0.0)
         return self._stats
 
     def close(self, timeout: float = 30.0) -> None:
@@ -116,26 +140,36 @@ class EngineProcess:
                 pass
             self._proc.join(timeout)
         if self._proc.is_alive():
-            logger.error("the engine process did not stop within %.0f s; terminating it", timeout)
-            self._proc.terminate()
-            self._proc.join(5)
+            logger.error("the engine process did not stop within %.0f s; killing it", timeout)
+        self._kill()
         self.alive = False
+
+    def _kill(self) -> None:
+        """SIGKILL the engine process if it still runs (it ignores SIGTERM: see _engine_main)."""
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
 
     # ---- plumbing --------------------------------------------------------------------------
     def _send(self, msg) -> None:
         try:
             self._cmd.send(msg)
         except (BrokenPipeError, OSError):
-            self.alive = False
-            raise EngineProcessDied(f"the engine process is gone (exit code {self._proc.exitcode})") from None
+            raise self._died() from None
 
     def _recv(self):
         try:
             return self._out.recv()
         except (EOFError, OSError):
-            self._proc.join(5)
-            self.alive = False
-            raise EngineProcessDied(f"the engine process exited (exit code {self._proc.exitcode})") from None
+            raise self._died() from None
+
+    def _died(self) -> EngineProcessDied:
+        self._proc.join(5)
+        self.alive = False
+        code = self._proc.exitcode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        self.death_cause = f"the engine process exited unexpectedly ({how})"
+        return EngineProcessDied(self.death_cause)
 
     def _pump(self, timeout: float) -> None:
         """Apply every message waiting from the engine (after up to `timeout` s for the first)."""
@@ -145,6 +179,7 @@ class EngineProcess:
             waiting = True   # let _recv report it
         while waiting:
             msg = self._recv()
+            self.last_heard = time.monotonic()
             if msg[0] == "out":
                 _, deltas, self._stats, (self.num_stalled_steps, self.stalled_since) = msg
                 for d in deltas:
@@ -171,6 +206,32 @@ class EngineProcess:
                              finish_reason=reason, spec=spec, num_cached_tokens=cached, error=error)
 
 
+def _ignore_sigint():
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _restore_sigint(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when the server process dies, however it
+    dies (even SIGKILL, where no cleanup of the server runs), so no engine is left holding
+    GPU memory as an orphan. (The kernel ties this to the THREAD that started the process:
+    create the EngineProcess on a thread that lives as long as it, as the server does.)"""
+    parent = mp.parent_process().pid if mp.parent_process() is not None else os.getppid()
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):   # not Linux: close() and atexit still stop it
+        return
+    if os.getppid() != parent:           # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _delta(o: RequestOutput) -> tuple:
     return (o.request_id, o.new_token_ids, o.new_text, o.finished, o.finish_reason, o.error, o.num_cached_tokens,
             o.spec)
@@ -182,6 +243,7 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
     # Signals go to the server, which shuts this process down in order ("stop").
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from adaspec.engine.engine import Engine
 
@@ -191,10 +253,13 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
         out.send(("startup_error", type(e).__name__, str(e)))
         return
     draft = getattr(engine.runner, "draft", None)
-    out.send(("ready", {"max_model_len": engine.max_model_len, "vocab_size": engine.vocab_size,
-                        "sampling_defaults": dict(engine.sampling_defaults),
-                        "draft_format": draft.fmt.layout if draft is not None else None,
-                        "stats": engine.stats()}))
+    try:
+        out.send(("ready", {"max_model_len": engine.max_model_len, "vocab_size": engine.vocab_size,
+                            "sampling_defaults": dict(engine.sampling_defaults),
+                            "draft_format": draft.fmt.layout if draft is not None else None,
+                            "stats": engine.stats()}))
+    except (BrokenPipeError, OSError):   # the server gave up while we loaded
+        return
     last_sent = time.monotonic()
     while True:
         # Idle (or stalled: it planned nothing last step) -> wait for a command, up to 0.5 s.

@@ -14,6 +14,16 @@ Speculation metrics (exact names other tools rely on):
   (position is the 0-based draft depth: "0" is the first draft token after the verified one),
   adaspec_spec_steps, adaspec_nonspec_steps, adaspec_spec_draft_len_steps{draft_len} (counters);
   adaspec_spec_draft_len (the policy's current draft length), adaspec_spec_accept_length (gauges).
+vLLM's names, beside adaspec's own, so dashboards made for vLLM work unchanged (every one
+labelled model_name, as vLLM labels them; request_success with finished_reason):
+  vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc (a fraction,
+  0..1, as vLLM reports it) and its older name vllm:gpu_cache_usage_perc (gauges);
+  vllm:prompt_tokens, vllm:generation_tokens, vllm:num_preemptions, vllm:prefix_cache_queries
+  (prompt tokens looked up), vllm:prefix_cache_hits (tokens found), vllm:request_success
+  {finished_reason}, vllm:spec_decode_num_drafts (verify steps), vllm:spec_decode_num_draft_tokens,
+  vllm:spec_decode_num_accepted_tokens, vllm:spec_decode_num_accepted_tokens_per_pos{position}
+  (counters); vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
+  vllm:e2e_request_latency_seconds (histograms, the same observations as adaspec's).
 Inter-token latency is per token: an output that brings k tokens after a gap of d seconds counts
 k observations of d/k, so speculation that emits several tokens per step shows up as lower ITL.
 """
@@ -35,9 +45,10 @@ E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0
 class EngineStatsCollector:
     """Turns the latest engine stats snapshot (+ the server's in-flight count) into metrics."""
 
-    def __init__(self, stats_fn: Callable[[], dict], inflight_fn: Callable[[], int]):
+    def __init__(self, stats_fn: Callable[[], dict], inflight_fn: Callable[[], int], model_name: str = ""):
         self._stats_fn = stats_fn
         self._inflight_fn = inflight_fn
+        self._model_name = model_name
 
     def describe(self):
         return []  # names are static, but describing them would force a collect() at register time
@@ -90,14 +101,50 @@ class EngineStatsCollector:
         info = GaugeMetricFamily("adaspec_spec_policy_info", "The speculation policy.", labels=["policy"])
         info.add_metric([str(s.get("policy", ""))], 1.0)
         yield info
+        yield from self._vllm(s)
+
+    def _vllm(self, s: dict):
+        """The same figures under vLLM's names (see the module docstring)."""
+        model = [self._model_name]
+
+        def family(kind, name, doc, value):
+            fam = kind(name, doc, labels=["model_name"])
+            fam.add_metric(model, float(value or 0))
+            return fam
+
+        total = float(s.get("num_total_blocks", 0) or 0)
+        usage = 1.0 - float(s.get("num_free_blocks", 0) or 0) / total if total else 0.0
+        yield family(GaugeMetricFamily, "vllm:num_requests_running", "Requests in the running batch.",
+                     s.get("num_running"))
+        yield family(GaugeMetricFamily, "vllm:num_requests_waiting", "Requests waiting to be scheduled.",
+                     s.get("num_waiting"))
+        yield family(GaugeMetricFamily, "vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", usage)
+        yield family(GaugeMetricFamily, "vllm:gpu_cache_usage_perc",
+                     "KV-cache usage (1 = full); vLLM's older name.", usage)
+        for name, doc, key in (
+                ("vllm:prompt_tokens", "Prompt tokens admitted.", "prompt_tokens"),
+                ("vllm:generation_tokens", "Tokens generated.", "generation_tokens"),
+                ("vllm:num_preemptions", "Requests preempted for lack of KV blocks.", "num_preemptions"),
+                ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prompt_tokens"),
+                ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hit_tokens"),
+                ("vllm:spec_decode_num_drafts", "Draft chains or trees verified.", "verify_steps"),
+                ("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.", "draft_tokens"),
+                ("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", "accepted_tokens")):
+            yield family(CounterMetricFamily, name, doc, s.get(key))
+        fam = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                  "Accepted draft tokens by draft position.", labels=["model_name", "position"])
+        for i, v in enumerate(s.get("accepted_per_position") or []):
+            fam.add_metric([self._model_name, str(i)], float(v))
+        yield fam
 
 
 class ServerMetrics:
     """All server metrics; `render()` is the /metrics body."""
 
-    def __init__(self, stats_fn: Callable[[], dict], inflight_fn: Callable[[], int]):
+    def __init__(self, stats_fn: Callable[[], dict], inflight_fn: Callable[[], int], model_name: str = ""):
         self.registry = CollectorRegistry()
         r = self.registry
+        self.model_name = model_name
         self.request_success = Counter("adaspec_request_success", "Finished requests by finish reason.",
                                        ["finish_reason"], registry=r)
         self.request_rejected = Counter("adaspec_request_rejected",
@@ -111,7 +158,15 @@ class ServerMetrics:
         self.client_disconnects = Counter(
             "adaspec_client_disconnects", "Requests whose client went away before the answer was complete "
             "(not errors; their engine requests are aborted).", ["kind"], registry=r)
-        r.register(EngineStatsCollector(stats_fn, inflight_fn))
+        self.vllm_success = Counter("vllm:request_success", "Finished requests by finish reason.",
+                                    ["model_name", "finished_reason"], registry=r)
+        self.vllm_ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", ["model_name"],
+                                   buckets=TTFT_BUCKETS, registry=r).labels(model_name)
+        self.vllm_itl = Histogram("vllm:inter_token_latency_seconds", "Latency per output token after the first.",
+                                  ["model_name"], buckets=ITL_BUCKETS, registry=r).labels(model_name)
+        self.vllm_e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.", ["model_name"],
+                                  buckets=E2E_BUCKETS, registry=r).labels(model_name)
+        r.register(EngineStatsCollector(stats_fn, inflight_fn, model_name))
 
     def on_output(self, stream, out, now: float) -> None:
         """Called by the event loop for each output, BEFORE the stream's timestamps are updated."""
@@ -119,16 +174,23 @@ class ServerMetrics:
         if k:
             if stream.first_token_time is None:
                 self.ttft.observe(now - stream.arrival)
+                self.vllm_ttft.observe(now - stream.arrival)
             else:
                 gap = (now - stream.last_token_time) / k
                 for _ in range(k):
                     self.itl.observe(gap)
+                    self.vllm_itl.observe(gap)
         if out.finished:
-            self.request_success.labels(out.finish_reason or "unknown").inc()
+            self._finished(out.finish_reason or "unknown")
             self.e2e.observe(now - stream.arrival)
+            self.vllm_e2e.observe(now - stream.arrival)
+
+    def _finished(self, reason: str) -> None:
+        self.request_success.labels(reason).inc()
+        self.vllm_success.labels(self.model_name, reason).inc()
 
     def on_abort(self, stream) -> None:
-        self.request_success.labels("abort").inc()
+        self._finished("abort")
 
     def on_disconnect(self, kind: str) -> None:
         """`kind`: "stream" or "non_stream"."""

@@ -10,6 +10,12 @@ were wrong (a normal request whose completion_tokens is not its max_tokens, a st
 [DONE]), the KV free count once the server is idle (must equal the total), and the server's RSS
 growth from after a warm-up to the end. Exit status 1 if 5xx, wrong answers or a KV leak.
 
+Faults (with --launch): --freeze-at MIN stops the engine process (SIGSTOP) for --freeze-s
+seconds, checks that /health answers 503 meanwhile, then resumes it (SIGCONT); --kill-at MIN
+kills it (SIGKILL), checks that the server exits non-zero within --exit-within seconds, and
+starts a new server. Outcomes inside a fault window (its start to 10 s after recovery) are
+counted apart (`...@fault`) and do not fail the run; RSS is then sampled for both processes.
+
 Behaviours:
   normal       completion or chat, stream or not, greedy or sampled, ignore_eos (exact counts)
   slow_reader  a stream read with pauses between chunks
@@ -27,6 +33,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -59,9 +66,64 @@ class Chaos:
         mix = dict(kv.split("=") for kv in args.mix.split(","))
         self.behaviours = list(mix)
         self.weights = [float(w) for w in mix.values()]
+        self.proc: subprocess.Popen | None = None     # the server, with --launch
+        self.windows: list[list] = []                 # [start, end] of each fault (monotonic)
+        self.fault_log: list[str] = []
+        self.fault_ok = True
 
     def record(self, behaviour: str, outcome: str) -> None:
+        now = time.monotonic()
+        if any(start <= now and (end is None or now <= end) for start, end in self.windows):
+            outcome += "@fault"
         self.outcomes[(behaviour, outcome)] += 1
+
+    # ---- faults (with --launch) ------------------------------------------------------------------
+    def engine_pid(self) -> int | None:
+        """The server's engine process (its multiprocessing spawn child), from /proc."""
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == self.proc.pid and b"spawn_main" in cmd:
+                return int(entry)
+        return None
+
+    async def faults(self, t0: float) -> None:
+        a = self.args
+        plan = sorted([(a.freeze_at, "freeze")] * (a.freeze_at is not None)
+                      + [(a.kill_at, "kill")] * (a.kill_at is not None))
+        for at, kind in plan:
+            await asyncio.sleep(max(0.0, t0 + at * 60 - time.monotonic()))
+            pid = self.engine_pid()
+            window = [time.monotonic(), None]
+            self.windows.append(window)
+            if kind == "freeze":
+                os.kill(pid, signal.SIGSTOP)
+                await asyncio.sleep(min(a.freeze_s, a.stall_timeout + 3))
+                async with httpx.AsyncClient(base_url=a.url, timeout=10) as c:
+                    health = (await c.get("/health")).status_code
+                self.fault_log.append(f"freeze: /health {health} while frozen (want 503)")
+                self.fault_ok &= health == 503
+                await asyncio.sleep(max(0.0, a.freeze_s - (time.monotonic() - window[0])))
+                os.kill(pid, signal.SIGCONT)
+            else:
+                os.kill(pid, signal.SIGKILL)
+                t_kill = time.monotonic()
+                try:
+                    code = await asyncio.to_thread(self.proc.wait, a.exit_within)
+                except subprocess.TimeoutExpired:
+                    code = None
+                    self.proc.kill()
+                    self.proc.wait()
+                self.fault_log.append(f"kill: the server exited with {code} after "
+                                      f"{time.monotonic() - t_kill:.1f} s (want non-zero within {a.exit_within} s)")
+                self.fault_ok &= code not in (0, None)
+                self.proc = await asyncio.to_thread(launch, a.launch, a)
+            window[1] = time.monotonic() + 10.0
 
     @staticmethod
     def outcome_of(status: int) -> str:
@@ -131,7 +193,10 @@ class Chaos:
 
     async def raw(self, data: bytes, wait: float) -> bytes:
         """Send `data` on a fresh connection, then read what comes back within `wait` seconds."""
-        reader, writer = await asyncio.open_connection(self.host, self.port)
+        try:
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+        except OSError:
+            return b"<refused>"   # the server is down (a kill fault, before its restart)
         try:
             writer.write(data)
             await writer.drain()
@@ -232,19 +297,35 @@ class Chaos:
                         out = await self.oversized(client, rng)
                     else:
                         out = await self.malformed(client, rng)
-                except httpx.HTTPError as e:
+                except (httpx.HTTPError, OSError) as e:
                     out = f"client_error:{type(e).__name__}"
                 self.record(b, out)
+
+    def rss_pair(self, pid: int | None) -> tuple[int, int]:
+        """(server, engine) RSS in KiB; the current server when launched, else `pid`."""
+        server = self.proc.pid if self.proc is not None else pid
+        engine = self.engine_pid() if self.proc is not None else None
+        return (rss_kib(server) if server else 0), (rss_kib(engine) if engine else 0)
 
     async def run(self, pid: int | None) -> int:
         a = self.args
         async with httpx.AsyncClient(base_url=a.url, timeout=60) as c:   # warm-up, then the RSS baseline
             for _ in range(4):
                 await c.post("/v1/completions", json={"prompt": "warm up", "max_tokens": 8}, headers=self.auth)
-        rss0 = rss_kib(pid) if pid else 0
         t0 = time.monotonic()
         deadline = t0 + a.minutes * 60
+        rss0: tuple[int, int] = self.rss_pair(pid)
+
+        async def baseline() -> None:   # RSS over the last 5 minutes (or the second half)
+            nonlocal rss0
+            await asyncio.sleep(max(0.0, deadline - min(5 * 60, a.minutes * 30) - time.monotonic()))
+            rss0 = self.rss_pair(pid)
+        tasks = [asyncio.create_task(baseline())]
+        if self.proc is not None and (a.freeze_at is not None or a.kill_at is not None):
+            tasks.append(asyncio.create_task(self.faults(t0)))
         await asyncio.gather(*(self.worker(a.seed + i, deadline) for i in range(a.clients)))
+        for t in tasks:
+            await t
         elapsed = time.monotonic() - t0
         free = total = None
         async with httpx.AsyncClient(base_url=a.url, timeout=10) as c:
@@ -256,9 +337,11 @@ class Chaos:
                 await asyncio.sleep(0.5)
             health = (await c.get("/health")).status_code
             metrics = (await c.get("/metrics")).text
-        rss1 = rss_kib(pid) if pid else 0
+        rss1 = self.rss_pair(pid)
         n5xx = sum(v for (b, o), v in self.outcomes.items() if o == "5xx")
         held = sum(v for (b, o), v in self.outcomes.items() if o == "held_open")
+        for line in self.fault_log:
+            print("fault " + line)
         print(f"\nchaos run: {elapsed / 60:.1f} min, {a.clients} clients, mix {a.mix}")
         print(f"{'behaviour':<12} {'outcome':<36} {'count':>7}")
         for (b, o), v in sorted(self.outcomes.items()):
@@ -272,10 +355,12 @@ class Chaos:
             if line.startswith(("adaspec_client_disconnects_total", "adaspec_request_rejected_total",
                                 "adaspec_num_preemptions")):
                 print("  " + line)
-        if pid:
-            print(f"server RSS: {rss0 / 1024:.0f} MiB after warm-up -> {rss1 / 1024:.0f} MiB at the end "
-                  f"({(rss1 - rss0) / 1024:+.0f} MiB)")
-        ok = n5xx == 0 and held == 0 and not self.wrong and free == total and health == 200
+        for name, before, after in (("server", rss0[0], rss1[0]), ("engine", rss0[1], rss1[1])):
+            if before:
+                print(f"{name} RSS: {before / 1024:.0f} MiB at the baseline -> {after / 1024:.0f} MiB at the end "
+                      f"({100.0 * (after - before) / before:+.1f}%)")
+        ok = (n5xx == 0 and held == 0 and not self.wrong and free == total and health == 200
+              and self.fault_ok)
         print("PASS" if ok else "FAIL")
         return 0 if ok else 1
 
@@ -286,10 +371,10 @@ def launch(demo: str, args) -> subprocess.Popen:
            "--speculation", "auto", "--device", "cpu", "--dtype", "float32", "--served-model-name", args.model,
            "--port", str(urlparse(args.url).port), "--num-kv-blocks", str(args.num_kv_blocks),
            "--max-request-bytes", str(args.max_request_bytes), "--client-timeout", str(args.client_timeout),
-           "--log-level", "warning"]
+           "--stall-timeout", str(args.stall_timeout), "--log-level", "warning"]
     if args.api_key:
         cmd += ["--api-key", args.api_key]
-    log = open(args.server_log, "w")
+    log = open(args.server_log, "a")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     for _ in range(600):
         try:
@@ -319,12 +404,22 @@ def main() -> int:
     p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="the server's limit")
     p.add_argument("--client-timeout", type=float, default=30.0, help="the server's --client-timeout")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stall-timeout", type=float, default=5.0, help="the server's --stall-timeout")
+    p.add_argument("--freeze-at", type=float, default=None, help="minute at which to SIGSTOP the engine")
+    p.add_argument("--freeze-s", type=float, default=20.0, help="seconds the engine stays stopped")
+    p.add_argument("--kill-at", type=float, default=None, help="minute at which to SIGKILL the engine")
+    p.add_argument("--exit-within", type=float, default=15.0,
+                   help="seconds the server may take to exit after its engine is killed")
     args = p.parse_args()
-    proc = launch(args.launch, args) if args.launch else None
-    pid = proc.pid if proc else args.server_pid
+    if args.launch:
+        open(args.server_log, "w").close()
+    chaos = Chaos(args)
+    chaos.proc = launch(args.launch, args) if args.launch else None
+    pid = chaos.proc.pid if chaos.proc else args.server_pid
     try:
-        code = asyncio.run(Chaos(args).run(pid))
+        code = asyncio.run(chaos.run(pid))
     finally:
+        proc = chaos.proc
         if proc is not None:
             proc.terminate()
             proc.wait(60)

@@ -1,0 +1,496 @@
+"""`OpenAIServing`: OpenAI requests in, engine requests out; engine outputs in, OpenAI
+responses and SSE streams out. The routes (`server/api.py`) only hand it bodies.
+
+Defaults (documented because OpenAI leaves them to the server):
+  max_tokens  /v1/completions: min(16, context left), the legacy OpenAI default;
+              /v1/chat/completions: all the context left after the prompt.
+  temperature, top_p, top_k, min_p: the model's generation_config.json where it sets them
+              (--generation-config auto, the default; e.g. Llama-3.1: 0.6 / 0.9), else
+              1.0, 1.0, -1 (off), 0.0 (OpenAI's and vLLM's). /server_info shows the ones in
+              force under config.sampling_defaults; a request's own fields always win.
+Prompts are encoded as `adaspec/tokenization.py` states (shared with `adaspec generate`); chat
+content never becomes control tokens (`server/chat_prompt.py`).
+Bodies are parsed, validated and tokenized on one worker thread (the tokenizer is not
+thread-safe), never on the event loop, so a large prompt does not stall the other streams.
+A failure after a stream has started is sent as a final `data: {"error": ...}` event before
+`data: [DONE]`.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+from starlette.background import BackgroundTask
+
+from adaspec.engine.request import RequestOutput
+from adaspec.sampling import SamplingParams
+from adaspec.server.async_engine import AsyncEngine, EngineError, RequestStream
+from adaspec.server.body import parse_body
+from adaspec.server.metrics import ServerMetrics
+from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from adaspec.server.chat_prompt import encode_chat_untrusted
+from adaspec.tokenization import encode_text, has_chat_template
+
+logger = logging.getLogger("adaspec.server")
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# What a request that leaves these out gets when the model ships no generation_config.json.
+BUILTIN_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+                   "stop_token_ids", "max_draft_tokens")
+
+# Characters that JSON leaves raw but line-splitting SSE clients (str.splitlines, JS readers)
+# take for line breaks; escaped so an event never breaks inside its JSON.
+_SSE_ESCAPES = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
+@dataclass
+class ServerSettings:
+    served_model_name: str
+    max_queue_len: int = 1024
+    retry_after_s: int = 1
+    shutdown_timeout: float = 30.0
+    api_key: str | None = None               # required as a Bearer token on /v1/* when set
+    max_body_bytes: int = 8 * 1024 * 1024    # larger request bodies get 413
+    client_timeout_s: float = 30.0           # request head / body deadline (slow clients get cut)
+    stall_timeout_s: float = 5.0             # /health fails after this long without engine progress
+    # Prompts x n one request may hold: well below the queue, so one client's batch cannot take
+    # every place in it (more is a 400, since waiting would not help).
+    max_prompts_per_request: int = 64
+    allowed_hosts: tuple[str, ...] = ()      # Host header values accepted (empty: any); see guard.py
+    log_stats_interval_s: float = 0.0        # the periodic stats line (server/stats_log.py); 0: off
+
+
+@dataclass
+class _Prepared:
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+def _param_of(err: ValueError, default: str | None = None) -> str | None:
+    """SamplingParams' messages start with the field name; use it as the OpenAI `param`."""
+    first = str(err).split(" ", 1)[0]
+    return first if first in SAMPLING_FIELDS else default
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':')).translate(_SSE_ESCAPES)}\n\n"
+
+
+async def _wait_for_disconnect(raw: Request) -> None:
+    """Return when the client closes the connection (the body has already been read)."""
+    while True:
+        message = await raw.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class OpenAIServing:
+    """Turns OpenAI requests into engine requests and engine outputs into OpenAI responses."""
+
+    def __init__(self, aengine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings):
+        self.aengine = aengine
+        self.metrics = metrics
+        self.settings = settings
+        self.model_names = {settings.served_model_name, aengine.config.model}
+        # A private copy: the engine thread detokenizes with its own tokenizer while the event
+        # loop encodes prompts, and HF fast tokenizers are not safe to share across threads.
+        tok = aengine.tokenizer
+        try:
+            self.tokenizer = copy.deepcopy(tok)
+        except Exception:
+            self.tokenizer = tok
+        # Bodies are parsed and prompts tokenized here, one at a time (so the tokenizer copy is
+        # only ever used by this thread) and off the event loop.
+        self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="adaspec-prepare")
+        self.max_prompt_chars = self._max_prompt_chars()
+        # Arrays longer than this cannot be valid: no field holds more items than the context has
+        # tokens (token ids, messages) or the queue has places (prompts in a batch).
+        self.max_array_len = max(aengine.max_model_len, settings.max_queue_len)
+
+    def _max_prompt_chars(self) -> int | None:
+        """Most characters a prompt that fits the context can have: a token never covers more
+        characters than its vocabulary string (byte-level BPE: one character per byte; a
+        sentencepiece byte token `<0x41>` covers one), doubled for normalizers that compose
+        characters. Longer text is refused without being tokenized."""
+        if self.tokenizer is None:
+            return None
+        try:
+            pieces = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+            longest = max(len(p) for p in pieces if p is not None)
+        except Exception:  # an unusual tokenizer: no bound beyond the body size limit
+            logger.warning("could not bound prompt length from the vocabulary; relying on the body limit")
+            return None
+        return 2 * longest * self.aengine.max_model_len
+
+    async def off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
+
+    def _check_prompt_chars(self, n: int, param: str) -> None:
+        if self.max_prompt_chars is not None and n > self.max_prompt_chars:
+            raise APIError(f"the prompt has {n} characters, more than can fit the context of "
+                           f"{self.aengine.max_model_len} tokens", param=param, code="context_length_exceeded")
+
+    # ----- request preparation ---------------------------------------------------------------
+    def _check_common(self, req) -> None:
+        if req.model is not None and req.model not in self.model_names:
+            raise APIError(f"The model `{req.model}` does not exist.", status=404, param="model",
+                           code="model_not_found")
+        if req.n != 1:
+            raise APIError(f"n must be 1 (got {req.n}); send several prompts for several choices",
+                           param="n")
+        bad = req.unsupported()
+        if bad is not None:
+            raise APIError(bad[1], param=bad[0])
+
+    def _encode(self, text: str, param: str) -> list[int]:
+        if self.tokenizer is None:
+            raise APIError("this model has no tokenizer: send the prompt as token ids", param=param)
+        return encode_text(self.tokenizer, text)
+
+    def _prepare(self, req, prompt_ids: list[int], default_max_tokens: int, param: str) -> _Prepared:
+        limit = self.aengine.max_model_len
+        if not prompt_ids:
+            raise APIError("the prompt is empty", param=param)
+        if len(prompt_ids) >= limit:
+            raise APIError(f"the prompt has {len(prompt_ids)} tokens, but the context limit is {limit} "
+                           f"tokens and at least one must be left for the completion", param=param,
+                           code="context_length_exceeded")
+        if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+            max_tokens, max_param = req.max_completion_tokens, "max_completion_tokens"
+        else:
+            max_tokens, max_param = req.max_tokens, "max_tokens"
+        explicit = max_tokens is not None
+        if not explicit:
+            max_tokens = min(default_max_tokens, limit - len(prompt_ids))
+        defaults = {**BUILTIN_SAMPLING_DEFAULTS, **self.aengine.sampling_defaults}
+        try:
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=defaults["temperature"] if req.temperature is None else float(req.temperature),
+                top_p=defaults["top_p"] if req.top_p is None else float(req.top_p),
+                top_k=defaults["top_k"] if req.top_k is None else req.top_k,
+                min_p=defaults["min_p"] if req.min_p is None else float(req.min_p),
+                seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids or [],
+                ignore_eos=req.ignore_eos, speculate=req.speculate, max_draft_tokens=req.max_draft_tokens)
+        except ValueError as e:
+            param = _param_of(e)
+            raise APIError(str(e), param=max_param if param == "max_tokens" else param) from None
+        vocab = getattr(self.aengine, "vocab_size", None)
+        beyond = [t for t in params.stop_token_ids if vocab is not None and t >= vocab]
+        if beyond:
+            raise APIError(f"stop_token_ids: token id {beyond[0]} is out of range [0, {vocab})",
+                           param="stop_token_ids")
+        if explicit and len(prompt_ids) + max_tokens > limit:
+            raise APIError(f"this model's maximum context length is {limit} tokens, but {len(prompt_ids)} "
+                           f"prompt tokens + {max_param}={max_tokens} exceed it", param=max_param,
+                           code="context_length_exceeded")
+        return _Prepared(prompt_ids, params)
+
+    def prepare_completion(self, req: CompletionRequest) -> list[_Prepared]:
+        self._check_common(req)
+        p = req.prompt
+        if isinstance(p, str):
+            prompts: list = [p]
+        elif p and isinstance(p[0], int):
+            prompts = [p]
+        else:
+            prompts = list(p)
+        if not prompts:
+            raise APIError("the prompt is empty", param="prompt")
+        limit = min(self.settings.max_prompts_per_request, self.settings.max_queue_len)
+        if len(prompts) * req.n > limit:  # could never be admitted: a 400, not a 503
+            raise APIError(f"{len(prompts)} prompts in one request exceed the server's limit of {limit} "
+                           f"per request (--max-prompts-per-request); send them in several requests",
+                           param="prompt")
+        out = []
+        for item in prompts:
+            if isinstance(item, str):
+                if not item:
+                    raise APIError("the prompt is empty", param="prompt")
+                self._check_prompt_chars(len(item), "prompt")
+                ids = self._encode(item, "prompt")
+            else:
+                ids = list(item)
+            out.append(self._prepare(req, ids, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt"))
+        return out
+
+    def prepare_chat(self, req: ChatCompletionRequest) -> list[_Prepared]:
+        self._check_common(req)
+        if not has_chat_template(self.tokenizer):
+            raise APIError("this model has no chat template; use /v1/completions", param="messages")
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
+        try:
+            ids = encode_chat_untrusted(self.tokenizer, messages)
+        except Exception as e:  # jinja's TemplateError or a template's raise_exception()
+            raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
+        return [self._prepare(req, ids, self.aengine.max_model_len, "messages")]
+
+    # ----- submission -----------------------------------------------------------------------------
+    async def submit(self, request_id: str, prepared: list[_Prepared]) -> list[RequestStream]:
+        """Add every prompt of a request, all or nothing."""
+        s = self.settings
+        if self.aengine.stopping:
+            raise APIError("the server is shutting down", status=503, type="overloaded_error",
+                           code="shutting_down", headers={"Retry-After": str(s.retry_after_s)})
+        if self.aengine.num_inflight + len(prepared) > s.max_queue_len:
+            raise APIError(f"the server is overloaded ({self.aengine.num_inflight} requests in flight, "
+                           f"limit {s.max_queue_len}); retry later", status=503, type="overloaded_error",
+                           code="server_overloaded", headers={"Retry-After": str(s.retry_after_s)})
+        arrival = time.monotonic()
+        # submit() is synchronous, so the in-flight count above cannot be raced by other requests.
+        streams: list[RequestStream] = []
+        try:
+            for i, p in enumerate(prepared):
+                streams.append(self.aengine.submit(f"{request_id}-{i}", p.prompt_ids, p.params, arrival))
+            results = await asyncio.gather(*(self.aengine.accepted(st) for st in streams),
+                                           return_exceptions=True)
+        except EngineError as e:
+            results = [e]
+        errors = [r for r in results if not isinstance(r, RequestStream)]
+        if not errors:
+            return streams
+        for st in streams:
+            self.aengine.abort(st.request_id)
+        err = errors[0]
+        if isinstance(err, ValueError):
+            raise APIError(str(err), param=_param_of(err, "prompt"))
+        if isinstance(err, EngineError):
+            status = 503 if self.aengine.stopping or not self.aengine.is_alive else 500
+            raise APIError(str(err), status=status, type="server_error", code="engine_error")
+        raise err
+
+    async def merge(self, streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Yield (choice index, output) from all streams as they come; abort the unfinished on exit."""
+        try:
+            if len(streams) == 1:
+                async for out in streams[0]:
+                    yield 0, out
+                return
+            q: asyncio.Queue = asyncio.Queue()
+
+            async def pump(i: int, st: RequestStream) -> None:
+                try:
+                    async for out in st:
+                        q.put_nowait((i, out))
+                except Exception as e:
+                    q.put_nowait((i, e))
+                finally:
+                    q.put_nowait((i, None))
+
+            tasks = [asyncio.create_task(pump(i, st)) for i, st in enumerate(streams)]
+            try:
+                remaining = len(streams)
+                while remaining:
+                    i, item = await q.get()
+                    if item is None:
+                        remaining -= 1
+                    elif isinstance(item, BaseException):
+                        raise item
+                    else:
+                        yield i, item
+            finally:
+                for t in tasks:
+                    t.cancel()
+        finally:
+            self.abort_unfinished(streams)
+
+    def abort_unfinished(self, streams: list[RequestStream]) -> None:
+        for st in streams:
+            if not st.finished:
+                self.aengine.abort(st.request_id)
+
+    async def collect(self, streams: list[RequestStream], raw: Request) -> list[RequestOutput] | None:
+        """The final output of every stream, or None if the client disconnected first."""
+        finals: list[RequestOutput | None] = [None] * len(streams)
+
+        async def run() -> None:
+            async for i, out in self.merge(streams):
+                if out.finished:
+                    finals[i] = out
+
+        work = asyncio.create_task(run())
+        watcher = asyncio.create_task(_wait_for_disconnect(raw))
+        try:
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            # Decided before cancel(): a cancelled task is not done (nor readable) until it
+            # has run its cancellation, so asking it afterwards would raise.
+            disconnected = not work.done()
+            if disconnected:
+                work.cancel()
+                self.abort_unfinished(streams)
+        if disconnected:
+            self.metrics.on_disconnect("non_stream")
+            return None
+        exc = work.exception()
+        if isinstance(exc, EngineError):
+            raise APIError(str(exc), status=500, type="server_error", code="engine_error")
+        if exc is not None:
+            raise exc
+        return finals  # type: ignore[return-value]
+
+    # ----- response bodies ------------------------------------------------------------------------
+    @staticmethod
+    def usage(finals: list[RequestOutput]) -> dict:
+        p = sum(len(o.prompt_token_ids) for o in finals)
+        c = sum(len(o.token_ids) for o in finals)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def _parse_and_prepare(self, body: bytes, model: type[BaseModel], prepare):
+        req = parse_body(body, model, self.max_array_len)
+        return req, prepare(req)
+
+    async def completions(self, body: bytes, raw: Request) -> Response:
+        req, prepared = await self.off_loop(self._parse_and_prepare, body, CompletionRequest,
+                                            self.prepare_completion)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        model = req.model or self.settings.served_model_name
+        streams = await self.submit(rid, prepared)
+        base = {"id": rid, "object": "text_completion", "created": created, "model": model}
+
+        def choice(i: int, text: str, out: RequestOutput, finish: str | None, new_ids: list[int]) -> dict:
+            c = {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+            if req.return_token_ids:
+                c["token_ids"] = new_ids
+                if finish is not None or not req.stream:
+                    c["prompt_token_ids"] = out.prompt_token_ids
+            return c
+
+        if req.stream:
+            def chunk(i: int, out: RequestOutput) -> dict:
+                finish = out.finish_reason if out.finished else None
+                return {**base, "choices": [choice(i, out.new_text or "", out, finish, out.new_token_ids)]}
+            return self._stream(streams, chunk, base, req, first=None)
+
+        finals = await self.collect(streams, raw)
+        if finals is None:
+            return Response(status_code=499)
+        return JSONResponse({**base, "choices": [choice(i, o.text or "", o, o.finish_reason, o.token_ids)
+                                                 for i, o in enumerate(finals)],
+                             "usage": self.usage(finals)})
+
+    async def chat(self, body: bytes, raw: Request) -> Response:
+        req, prepared = await self.off_loop(self._parse_and_prepare, body, ChatCompletionRequest,
+                                            self.prepare_chat)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        model = req.model or self.settings.served_model_name
+        streams = await self.submit(rid, prepared)
+
+        if req.stream:
+            base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+
+            def first(i: int) -> dict:
+                return {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                             "logprobs": None, "finish_reason": None}]}
+
+            def chunk(i: int, out: RequestOutput) -> dict:
+                delta = {"content": out.new_text} if out.new_text else {}
+                c = {"index": i, "delta": delta, "logprobs": None,
+                     "finish_reason": out.finish_reason if out.finished else None}
+                if req.return_token_ids:
+                    c["token_ids"] = out.new_token_ids
+                return {**base, "choices": [c]}
+            return self._stream(streams, chunk, base, req, first=first)
+
+        finals = await self.collect(streams, raw)
+        if finals is None:
+            return Response(status_code=499)
+        choices = []
+        for i, o in enumerate(finals):
+            c = {"index": i, "message": {"role": "assistant", "content": o.text or ""},
+                 "logprobs": None, "finish_reason": o.finish_reason}
+            if req.return_token_ids:
+                c["token_ids"] = o.token_ids
+                c["prompt_token_ids"] = o.prompt_token_ids
+            choices.append(c)
+        return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
+                             "choices": choices, "usage": self.usage(finals)})
+
+    def _stream(self, streams: list[RequestStream], chunk, base: dict, req, first) -> StreamingResponse:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        complete = False      # the body was sent to the end
+
+        async def body() -> AsyncIterator[str]:
+            nonlocal complete
+            finals: list[RequestOutput | None] = [None] * len(streams)
+            try:
+                if first is not None:
+                    for i in range(len(streams)):
+                        yield _sse(self._with_usage(first(i), include_usage))
+                async for i, out in self.merge(streams):
+                    if out.finished:
+                        finals[i] = out
+                    # Skip empty mid-stream outputs (e.g. text held back by the detokenizer) unless
+                    # the client asked for token ids, which are never held back.
+                    if out.finished or out.new_text or (req.return_token_ids and out.new_token_ids) \
+                            or (out.new_text is None and out.new_token_ids):
+                        yield _sse(self._with_usage(chunk(i, out), include_usage))
+                if include_usage:
+                    yield _sse({**base, "choices": [], "usage": self.usage(finals)})  # type: ignore[arg-type]
+            except EngineError as e:
+                self.metrics.on_rejected("engine_error")
+                yield _sse(APIError(str(e), status=500, type="server_error", code="engine_error").body())
+            complete = True
+            yield "data: [DONE]\n\n"
+
+        # The background task runs even when the client disconnects before the first chunk, a case
+        # in which the generator's own cleanup never runs (it was never started).
+        def cleanup() -> None:
+            if not complete:   # the client went away first (a normal event, not an error)
+                self.metrics.on_disconnect("stream")
+            self.abort_unfinished(streams)
+
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                                 background=BackgroundTask(cleanup))
+
+    @staticmethod
+    def _with_usage(obj: dict, include_usage: bool) -> dict:
+        if include_usage:
+            obj["usage"] = None
+        return obj
+
+    # ----- info ---------------------------------------------------------------------------------
+    def server_info(self) -> dict:
+        cfg = self.aengine.config
+        stats = dict(self.aengine.stats)
+        block_size = cfg.cache.block_size
+        total = int(stats.get("num_total_blocks", 0) or 0)
+        spec = cfg.spec
+        return {
+            "config": {
+                "model": self.settings.served_model_name, "model_path": cfg.model, "draft": spec.draft,
+                "draft_format": self.aengine.draft_format,
+                "policy": spec.policy, "num_steps": spec.num_steps, "topk": spec.topk,
+                "num_draft_tokens": spec.resolved_num_draft_tokens,
+                "spec_disable_batch_size": spec.spec_disable_batch_size,
+                "spec_simulate_accept_rate": spec.simulate_accept_rate,
+                "max_model_len": self.aengine.max_model_len, "block_size": block_size,
+                "num_kv_blocks": total, "kv_capacity_tokens": total * block_size,
+                "max_num_seqs": cfg.scheduler.max_num_seqs,
+                "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,
+                "enable_prefix_caching": cfg.cache.enable_prefix_caching,
+                "device": cfg.device, "dtype": cfg.dtype, "max_queue_len": self.settings.max_queue_len,
+                "max_prompts_per_request": self.settings.max_prompts_per_request,
+                "generation_config": cfg.generation_config,
+                "sampling_defaults": {**BUILTIN_SAMPLING_DEFAULTS, **self.aengine.sampling_defaults},
+            },
+            "stats": {**stats, "avg_accept_length": stats.get("accept_length", 0.0),
+                      "num_free_blocks": stats.get("num_free_blocks", 0), "num_total_blocks": total,
+                      "num_inflight": self.aengine.num_inflight},
+        }
