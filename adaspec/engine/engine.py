@@ -46,6 +46,9 @@ def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vo
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"token id {bad[0]} out of range [0, {vocab_size})")
+    bad = [t for t in params.stop_token_ids if t >= vocab_size]
+    if bad:
+        raise ValueError(f"stop_token_ids: {bad[0]} is out of range [0, {vocab_size})")
     if len(ids) + params.max_tokens > max_model_len:
         raise ValueError(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
                          f"model's context of {max_model_len} tokens")
