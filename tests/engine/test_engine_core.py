@@ -238,3 +238,9 @@ def test_text_prompts_incremental_detokenization_and_stop_strings(tok_model_dir)
                                                                  ignore_eos=True))[0]
     assert o.finish_reason == "stop" and o.text == text[:text.index(stop)]
     assert rid == "s"
+
+
+def test_stop_token_ids_outside_the_vocabulary_are_refused(llama_dir):
+    llm = LLM(llama_dir, device="cpu", dtype="float32")
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, stop_token_ids=[llm.engine.vocab_size + 3]))
