@@ -50,3 +50,26 @@ def assert_matches_reference(got: list[int], ref: list[int], ref_logits: list[to
             assert gap < NEAR_TIE, f"{what}: token {i} is {got[i]}, reference {ref[i]} (top-2 gap {gap:.2e})\n got {got}\n ref {ref}"
             return i
     return n
+
+
+def chi2_sf(x: float, df: int) -> float:
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
+                                         torch.tensor(x / 2.0, dtype=torch.float64)))
+
+
+def chi2_pvalue(counts: dict, expected: dict, n: int) -> float:
+    """Pearson chi-square, cells with expected count < 5 pooled into one."""
+    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
+    for k, p in expected.items():
+        e = p * n
+        if e < 5:
+            pool_o += counts.get(k, 0)
+            pool_e += e
+        else:
+            obs.append(counts.get(k, 0))
+            exp.append(e)
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
+    return chi2_sf(stat, len(obs) - 1)

@@ -191,7 +191,7 @@ def test_sampled_speculation_with_a_moe_target_follows_its_distribution(tmp_path
     from transformers import AutoModelForCausalLM
 
     from adaspec import SamplingParams
-    from test_spec_decode import chi2_pvalue
+    from helpers import chi2_pvalue
 
     d = make_moe_model(tmp_path / "v8", "qwen2_moe", vocab_size=8, init_std=0.1)
     head = make_eagle3_head(tmp_path / "h8", d)

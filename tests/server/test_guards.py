@@ -19,7 +19,7 @@ from adaspec.server.api import ServerSettings, create_app
 from adaspec.server.chat_prompt import encode_chat_untrusted
 from adaspec.server.guard import GuardedH11Protocol, head_problem, host_allowed
 from adaspec.tokenization import encode_chat, load_tokenizer
-from test_server_async_engine import VOCAB, FakeEngine, _free_port
+from fake_engine import VOCAB, FakeEngine, _free_port
 
 KEY = "sk-guards"
 AUTH = {"Authorization": f"Bearer {KEY}"}

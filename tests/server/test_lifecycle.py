@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from adaspec.testing import make_tiny_model
-from test_server import REPO, ServerProcess, wait_for
+from server_helpers import REPO, ServerProcess, wait_for
 
 LONG = {"prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "temperature": 0, "stream": True}
 

@@ -15,7 +15,7 @@ import pytest
 
 from adaspec.server.serving import _sse
 from adaspec.testing import make_tiny_model
-from test_server import ServerProcess, metrics, wait_for
+from server_helpers import ServerProcess, metrics, wait_for
 
 KEY = "sk-adaspec-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}

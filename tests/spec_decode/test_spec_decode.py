@@ -13,7 +13,7 @@ from adaspec.spec_decode.tree import DraftTree
 from reference import verify_greedy, verify_sampled
 from adaspec.testing import make_eagle3_head, make_tiny_model
 from helpers import assert_matches_reference, hf_greedy
-from helpers import GREEDY, MAX_NEW, prompts_of_lengths
+from helpers import GREEDY, MAX_NEW, chi2_pvalue, prompts_of_lengths
 
 SHAPES = {
     "chain3": dict(num_steps=3, topk=1),
@@ -104,29 +104,6 @@ def test_speculation_off_with_draft_equals_no_draft(llama_dir, random_head):
 
 
 # ---- sampling is lossless -------------------------------------------------------------------
-
-def chi2_sf(x: float, df: int) -> float:
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
-                                         torch.tensor(x / 2.0, dtype=torch.float64)))
-
-
-def chi2_pvalue(counts: dict, expected: dict, n: int) -> float:
-    """Pearson chi-square, cells with expected count < 5 pooled into one."""
-    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
-    for k, p in expected.items():
-        e = p * n
-        if e < 5:
-            pool_o += counts.get(k, 0)
-            pool_e += e
-        else:
-            obs.append(counts.get(k, 0))
-            exp.append(e)
-    if pool_e > 0:
-        obs.append(pool_o)
-        exp.append(pool_e)
-    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
-    return chi2_sf(stat, len(obs) - 1)
-
 
 def test_verify_sampled_follows_target_distribution():
     """Pure function: root with three children; the emitted first token ~ p[root] and the
