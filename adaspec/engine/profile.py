@@ -21,7 +21,13 @@ def profile_step_times(engine, shapes: list[DraftShape | None], max_batch: int |
     and the KV cache allow (and `max_batch`)."""
     runner, kv = engine.runner, engine.kv
     spec_slots = max((s.spec_slots for s in shapes if s), default=0)
-    per_req = PROFILE_PROMPT_LEN + 1 + spec_slots + 1
+    # Room for the step's own draft and, with overlap, for a step in flight that may shift it
+    # by as many positions again (device.shift).
+    per_req = PROFILE_PROMPT_LEN + 2 * (spec_slots + 2)
+    # Serving with overlap plans each speculative step while the previous one runs: its token
+    # is still on the device and its positions are shifted there. Profiled the same way (the
+    # shift is host work a host-bound step pays: measured 3x on the demo pair without it).
+    in_flight = engine.config.overlap and runner.draft is not None and runner.draft.num_layers == 1
     limit = min(engine.config.scheduler.max_num_seqs, kv.num_free // kv.blocks_for(per_req),
                 max_batch or (256 if runner.device.type == "cuda" else 8))
     if limit < 1:
@@ -43,14 +49,18 @@ def profile_step_times(engine, shapes: list[DraftShape | None], max_batch: int |
             if not kv.reserve(r, per_req):   # `limit` says it fits; never inside an assert (-O)
                 raise RuntimeError(f"profiling could not reserve {per_req} tokens of KV")
             reqs.append(r)
-        # Prefill in chunks that respect the step budget, then append one "emitted" token.
+        # Prefill in chunks that respect the step budget, then one "emitted" token: on the host,
+        # or (overlap) still on the device, as a step planned before its predecessor was read.
         chunk = max(1, engine.config.scheduler.max_num_batched_tokens // PROFILE_PROMPT_LEN)
         for k in range(0, len(reqs), chunk):
             part = reqs[k:k + chunk]
             runner.execute(StepPlan([ScheduledRequest(r, PROFILE_PROMPT_LEN) for r in part]))
             for r in part:
                 r.num_computed = PROFILE_PROMPT_LEN
-                r.all_token_ids.append(int(torch.randint(0, vocab, (1,), generator=g)))
+                if in_flight:
+                    r.pending = 1
+                else:
+                    r.all_token_ids.append(int(torch.randint(0, vocab, (1,), generator=g)))
         out = {}
         for b in sizes:
             for depth, shape in enumerate(shapes):
@@ -68,5 +78,6 @@ def profile_step_times(engine, shapes: list[DraftShape | None], max_batch: int |
         return out
     finally:
         for r in reqs:
+            r.pending = 0
             kv.free_request(r)
             r.status = Status.FINISHED
