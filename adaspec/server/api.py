@@ -44,6 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from adaspec.server.async_engine import AsyncEngine
 from adaspec.server.body import _error_path
 from adaspec.server.guard import RequestGuard
+from adaspec.server.info import server_info as describe_server
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError
 from adaspec.server.serving import OpenAIServing, ServerSettings
@@ -146,7 +147,7 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
 
     @app.get("/server_info")
     async def server_info(raw: Request):
-        info = serving.server_info()
+        info = describe_server(serving)
         if not raw.scope.get("adaspec.authorized", True):
             # Open without the key (like /health), but without the server's filesystem layout.
             cfg = info["config"]
