@@ -57,6 +57,7 @@ def test_demo_files_are_small_and_in_specforge_layout():
     assert not any(n.startswith("embed_tokens") for n in names)
 
 
+@pytest.mark.slow
 def test_serve_without_model_arguments(tmp_path):
     port = free_port()
     cmd = [sys.executable, "-m", "adaspec.cli", "serve", "--port", str(port), "--log-level", "info"]

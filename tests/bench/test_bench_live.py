@@ -47,6 +47,7 @@ def _check_level(lv: dict, n: int) -> None:
     assert lv["mean_ttft_ms"] < lv["mean_e2el_ms"]
 
 
+@pytest.mark.slow
 def test_bench_two_levels_against_real_server(tiny, tmp_path, capsys):
     model, head = tiny
     questions = tmp_path / "q.jsonl"
@@ -85,6 +86,7 @@ def test_bench_two_levels_against_real_server(tiny, tmp_path, capsys):
     assert "out tok/s" in table and "SIMULATED" not in table
 
 
+@pytest.mark.slow
 def test_compare_off_always(tiny, tmp_path, capsys):
     model, head = tiny
     out = tmp_path / "cmp"
@@ -124,6 +126,7 @@ def chain_acceptance_moments(a: float, k: int) -> tuple[float, float]:
     return mean, var
 
 
+@pytest.mark.slow
 def test_simulated_acceptance_length(tiny, tmp_path, capsys):
     model, head = tiny
     A, k = 0.7, 3
@@ -159,6 +162,7 @@ def test_simulated_acceptance_length(tiny, tmp_path, capsys):
     assert abs(rate0 - A) <= 4 * math.sqrt(A * (1 - A) / n)
 
 
+@pytest.mark.slow
 def test_compare_reports_a_server_that_dies(tmp_path, capsys):
     out = tmp_path / "dead"
     rc = bench_cli.compare_main(["--model", str(tmp_path / "no-such-model"), "--configs", "off", *CPU,

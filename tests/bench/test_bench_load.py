@@ -326,6 +326,7 @@ def test_readme_has_tables_commands_and_ratios():
 
 # ============================================================================ end to end on a CPU
 
+@pytest.mark.slow
 def test_load_experiment_end_to_end_tiny_cpu(tmp_path, capsys):
     """The whole script on the tiny shape: servers for off, chain3 and idle at concurrency
     1 and 2, the LLM.generate reference, the merge; then --merge of its part elsewhere."""

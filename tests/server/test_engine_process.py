@@ -27,6 +27,7 @@ def _drain(ep: EngineProcess, limit_s: float = 120.0) -> dict:
     return finals, streamed
 
 
+@pytest.mark.slow
 def test_engine_process_matches_llm_and_aborts(llama_dir):
     prompts = prompts_of_lengths([5, 17, 3], seed=31)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (9, 4, 13)]
@@ -58,6 +59,7 @@ def test_engine_process_matches_llm_and_aborts(llama_dir):
     assert not ep._proc.is_alive()
 
 
+@pytest.mark.slow
 def test_engine_process_startup_error_and_death(llama_dir):
     with pytest.raises(ValueError, match="max_model_len"):
         EngineProcess(EngineConfig.create(llama_dir, device="cpu", dtype="float32", max_model_len=10**7))

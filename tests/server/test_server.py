@@ -130,6 +130,7 @@ def test_several_prompts_are_several_choices(server, prompts):
         assert one["choices"][0]["text"] == r["choices"][i]["text"]
 
 
+@pytest.mark.slow
 def test_32_concurrent_streams_match_sequential(server):
     prompts = [f"{PROMPT} {i}" for i in range(32)]
     kw = dict(model=MODEL_NAME, max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
@@ -302,6 +303,7 @@ def test_unknown_route_and_method(server):
 
 
 # ----- generate from the shell ------------------------------------------------------------------------
+@pytest.mark.slow
 def test_generate_cli_matches_server(server, dirs):
     model, head = dirs
     out = subprocess.run(
@@ -318,6 +320,7 @@ def test_generate_cli_matches_server(server, dirs):
     assert out.stdout == (r["choices"][0]["text"] + "\n").encode()
 
 
+@pytest.mark.slow
 def test_generate_cli_bad_input_exits_2(dirs):
     out = subprocess.run([sys.executable, "-m", "adaspec.cli", "generate", "--model", dirs[0], "--prompt-ids",
                           "1,2,999999", "--device", "cpu", "--num-kv-blocks", "64"],
@@ -326,6 +329,7 @@ def test_generate_cli_bad_input_exits_2(dirs):
 
 
 # ----- overload and shutdown (a second, deliberately tiny server) -----------------------------------
+@pytest.mark.slow
 def test_overload_then_sigterm_exits_0(dirs):
     srv = ServerProcess(["--model", dirs[0], "--max-queue-len", "2", "--shutdown-timeout", "0.2",
                          "--num-kv-blocks", "128"])

@@ -2,6 +2,8 @@
 policy's choices, and per-request opt-out."""
 from __future__ import annotations
 
+import pytest
+
 import random
 
 import torch
@@ -29,6 +31,7 @@ def run_phases(engine, phases, prompts_iter, params):
     return outs
 
 
+@pytest.mark.slow
 def test_threshold_crossings_regression(agree_dir, trained_head):
     """The crash that started the project: threshold 5 and 1, 2, 5, 10, 5, 1 concurrent
     requests, twice over. No error, same tokens as speculation off, both kinds of step, KV back."""
@@ -92,6 +95,7 @@ def accept_after(engine, prompt, n_tokens, off_range=None):
     return final.token_ids, (steps + accepted) / steps, steps
 
 
+@pytest.mark.slow
 def test_draft_stays_fresh_through_an_off_period(agree_dir, trained_head, monkeypatch):
     """Acceptance on the last third of a request whose middle third ran without speculation
     equals that of an uninterrupted request. The same measurement with the per-step draft
