@@ -44,7 +44,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from adaspec.server.async_engine import AsyncEngine
 from adaspec.server.body import _error_path
 from adaspec.server.guard import RequestGuard
-from adaspec.server.info import server_info as describe_server
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError
 from adaspec.server.serving import OpenAIServing, ServerSettings
@@ -147,7 +146,7 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
 
     @app.get("/server_info")
     async def server_info(raw: Request):
-        info = describe_server(serving)
+        info = serving.server_info()
         if not raw.scope.get("adaspec.authorized", True):
             # Open without the key (like /health), but without the server's filesystem layout.
             cfg = info["config"]

@@ -2,7 +2,8 @@
 the engine's live statistics."""
 from __future__ import annotations
 
-from adaspec.server.serving import BUILTIN_SAMPLING_DEFAULTS
+# What a request that leaves these out gets when the model ships no generation_config.json.
+BUILTIN_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
 
 
 def server_info(serving) -> dict:

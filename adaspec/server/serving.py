@@ -39,13 +39,12 @@ from adaspec.server.body import parse_body
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from adaspec.server.chat_prompt import encode_chat_untrusted
+from adaspec.server.info import BUILTIN_SAMPLING_DEFAULTS, server_info
 from adaspec.tokenization import encode_text, has_chat_template
 
 logger = logging.getLogger("adaspec.server")
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-# What a request that leaves these out gets when the model ships no generation_config.json.
-BUILTIN_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                    "stop_token_ids", "max_draft_tokens")
 
@@ -464,3 +463,7 @@ class OpenAIServing:
         if include_usage:
             obj["usage"] = None
         return obj
+
+    def server_info(self) -> dict:
+        """/server_info (`server/info.py`)."""
+        return server_info(self)
