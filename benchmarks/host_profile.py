@@ -22,6 +22,7 @@ import time
 import torch
 
 from adaspec import LLM, SamplingParams
+from gpu_fast_path import _HostClock   # (benchmarks/: the same host clock as the fast-path steps)
 
 CONFIGS = {"off": {}, "chain1": dict(speculation="always", num_steps=1), "chain2": dict(speculation="always", num_steps=2),
            "chain3": dict(speculation="always", num_steps=3), "chain4": dict(speculation="always", num_steps=4),
@@ -53,31 +54,14 @@ def measure(llm: LLM, args) -> dict:
     for _ in range(args.warmup):
         eng.step()
     runner = eng.runner
-    launch_t, wait_t = [0.0], [0.0]
-    launch, collect = runner.launch, runner.collect
-
-    def timed_launch(plan):
-        t = time.perf_counter()
-        try:
-            return launch(plan)
-        finally:
-            launch_t[0] += time.perf_counter() - t
-
-    def timed_collect(step):
-        t = time.perf_counter()
-        if hasattr(step.end, "synchronize"):
-            step.end.synchronize()
-        wait_t[0] += time.perf_counter() - t
-        return collect(step)
-
-    runner.launch, runner.collect = timed_launch, timed_collect
+    clock = _HostClock(runner)
     spans = []
     t0 = time.perf_counter()
     for _ in range(args.steps):
         eng.step()
         spans.append(runner.last_step_time * 1e3)
     wall = (time.perf_counter() - t0) / args.steps * 1e3
-    del runner.launch, runner.collect
+    clock.stop()
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(args.steps):
@@ -91,8 +75,8 @@ def measure(llm: LLM, args) -> dict:
     st = llm.stats()
     n = args.steps
     return {"step_ms": wall, "event_step_ms": sorted(spans)[len(spans) // 2],
-            "host_launch_ms": launch_t[0] / n * 1e3, "host_wait_ms": wait_t[0] / n * 1e3,
-            "host_busy_ms": wall - wait_t[0] / n * 1e3, "accept_length": st.get("accept_length"),
+            "host_launch_ms": clock.launch / n * 1e3, "host_wait_ms": clock.wait / n * 1e3,
+            "host_busy_ms": wall - clock.wait / n * 1e3, "accept_length": st.get("accept_length"),
             "tokens_per_step": st["generation_tokens"] / max(1, st["num_steps"]), "profile": tables}
 
 

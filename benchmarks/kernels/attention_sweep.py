@@ -23,26 +23,10 @@ import torch.nn.functional as F
 
 from adaspec.layers.attention.meta import launch_plan
 from adaspec.layers.attention.triton_kernels import triton_paged_attention
-from bench_attention import D, HKV, HQ, build, capture
+from bench_attention import D, HKV, HQ, build, graph_us
 
 SHAPES = [(1, 16), (16, 16), (1, 4), (16, 4), (1, 1), (16, 1), (64, 16)]
 BLOCK_Q = {1: [1], 4: [1, 4], 16: [4, 8, 16]}
-
-
-def graph_us(fn, n: int = 20) -> float:
-    """Microseconds per call of fn, n calls captured in one CUDA graph, best of 5 replays."""
-    g = capture(lambda: [fn() for _ in range(n)])
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(5):
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        best = min(best, a.elapsed_time(b) / n * 1e3)
-    return best
 
 
 def main(argv=None) -> int:

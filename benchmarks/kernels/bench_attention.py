@@ -93,6 +93,22 @@ def capture(fn) -> torch.cuda.CUDAGraph:
     return record(fn)[0]
 
 
+def graph_us(fn, n: int = 20) -> float:
+    """Microseconds per call of fn: n calls captured in one CUDA graph, best of 5 replays."""
+    g = capture(lambda: [fn() for _ in range(n)])
+    g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(5):
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        best = min(best, a.elapsed_time(b) / n * 1e3)
+    return best
+
+
 def bench_graph(fn) -> float:
     """Median ms of fn() replayed from a CUDA graph (no Python, no launch gaps)."""
     return bench(capture(fn).replay)

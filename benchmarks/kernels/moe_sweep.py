@@ -24,33 +24,10 @@ import torch.nn.functional as F
 
 from adaspec.layers.moe import RouterConfig, route
 from adaspec.layers.moe.triton_kernels import fused_experts_triton, launch_config
+from bench_attention import graph_us   # (benchmarks/kernels/: one CUDA-graph timer for every sweep)
 
 SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "mixtral-8x7b": (8, 4096, 14336, 2),
           "glm-4.5-air": (128, 4096, 1408, 8)}
-
-
-def graph_us(fn, n: int = 20) -> float:
-    """Microseconds per call of fn: n calls captured in one CUDA graph, best of 5 replays."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(5):
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        best = min(best, a.elapsed_time(b) / n * 1e3)
-    return best
 
 
 def candidates(pairs: int):
