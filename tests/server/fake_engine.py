@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 import socket
+import contextlib
 import threading
 import time
 from types import SimpleNamespace
+
+import httpx
+import uvicorn
 
 from adaspec.config import EngineConfig
 from adaspec.engine.request import RequestOutput
@@ -105,3 +109,26 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_in_thread(app, **config):
+    """Run `app` with uvicorn on a free port in a daemon thread until the block ends;
+    yields (url, port, server) once /health answers 200 (uvicorn.Config keywords in `config`)."""
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    try:
+        yield url, port, server
+    finally:
+        server.should_exit = True
+        thread.join(10)

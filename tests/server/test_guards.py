@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import socket
-import threading
 import time
 from types import SimpleNamespace
 
@@ -19,7 +18,7 @@ from adaspec.server.api import ServerSettings, create_app
 from adaspec.server.chat_prompt import encode_chat_untrusted
 from adaspec.server.guard import GuardedH11Protocol, head_problem, host_allowed
 from adaspec.tokenization import encode_chat, load_tokenizer
-from fake_engine import VOCAB, FakeEngine, _free_port
+from fake_engine import VOCAB, FakeEngine, serve_in_thread
 
 KEY = "sk-guards"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -28,8 +27,6 @@ PER_REQUEST = 8
 
 @pytest.fixture(scope="module")
 def gserver(tmp_path_factory):
-    import uvicorn
-
     from adaspec.testing import make_tiny_model
 
     model = make_tiny_model(tmp_path_factory.mktemp("guards") / "fake-model", "llama", tokenizer=True)
@@ -41,22 +38,8 @@ def gserver(tmp_path_factory):
                               max_prompts_per_request=PER_REQUEST, allowed_hosts=("127.0.0.1", "*.example.com"),
                               log_stats_interval_s=0.05)
     app = create_app(engine, settings)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           http=GuardedH11Protocol.with_header_timeout(5)))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    yield SimpleNamespace(url=url, port=port, engine=engine, model=str(model), server=server)
-    server.should_exit = True
-    thread.join(10)
+    with serve_in_thread(app, http=GuardedH11Protocol.with_header_timeout(5)) as (url, port, server):
+        yield SimpleNamespace(url=url, port=port, engine=engine, model=str(model), server=server)
 
 
 def complete(srv, body: dict, **kw) -> httpx.Response:

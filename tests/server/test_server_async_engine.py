@@ -17,29 +17,15 @@ import httpx
 import pytest
 
 from adaspec.server.api import ServerSettings, create_app
-from fake_engine import ADD_CRASHES, REQUEST_FAILS, STEP_FAILS, FakeEngine, _free_port, expected
+from fake_engine import ADD_CRASHES, REQUEST_FAILS, STEP_FAILS, FakeEngine, expected, serve_in_thread
+
 
 @pytest.fixture(scope="module")
 def fake_server():
-    import uvicorn
-
     engine = FakeEngine()
     app = create_app(engine, ServerSettings(served_model_name="fake", max_queue_len=64, shutdown_timeout=2))
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    yield SimpleNamespace(url=url, engine=engine, app=app)
-    server.should_exit = True
-    thread.join(10)
+    with serve_in_thread(app) as (url, _, _):
+        yield SimpleNamespace(url=url, engine=engine, app=app)
 
 
 def _complete(url, prompt, max_tokens=5, **kw):
