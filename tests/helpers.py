@@ -73,3 +73,37 @@ def chi2_pvalue(counts: dict, expected: dict, n: int) -> float:
         exp.append(pool_e)
     stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
     return chi2_sf(stat, len(obs) - 1)
+
+
+def check_against_hf(model_dir, prompts, outs, what):
+    """Each output equal to transformers' greedy tokens (near-ties tolerated, `assert_matches_reference`)."""
+    compared = 0
+    for p, o in zip(prompts, outs):
+        ref, logits = hf_greedy(model_dir, p, MAX_NEW)
+        compared += assert_matches_reference(o.token_ids, ref, logits, what)
+    assert compared > len(prompts) * MAX_NEW // 2, f"{what}: too few tokens compared ({compared})"
+
+
+def two_token_law(model_dir, head_dir, n: int, prompt=(1, 5, 3, 2, 7), temp: float = 1.3):
+    """Speculative sampling (a tree of 4 over 2 steps) on a target with a vocabulary of 8, n
+    copies of one prompt: (the chi-square p-value of the first two tokens' joint law against
+    the target's p(t1) p(t2 | t1) by transformers, the LLM). The second token comes from a
+    verify step, so the law is that of speculative sampling."""
+    from transformers import AutoModelForCausalLM
+
+    from adaspec import LLM
+
+    prompt = list(prompt)
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    with torch.no_grad():
+        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1] / temp, -1)
+        p2 = torch.softmax(hf(torch.tensor([[*prompt, t] for t in range(8)])).logits[:, -1] / temp, -1)
+    expected = {(a, b): float(p1[a] * p2[a, b]) for a in range(8) for b in range(8)}
+    llm = LLM(str(model_dir), draft=str(head_dir), speculation="always", num_steps=2, topk=2, num_draft_tokens=4,
+              device="cpu", dtype="float32", seed=7)
+    outs = llm.generate([prompt] * n, SamplingParams(max_tokens=3, temperature=temp, ignore_eos=True))
+    counts: dict = {}
+    for o in outs:
+        k = tuple(o.token_ids[:2])
+        counts[k] = counts.get(k, 0) + 1
+    return chi2_pvalue(counts, expected, n), llm

@@ -10,17 +10,9 @@ import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.testing import make_tiny_model
-from helpers import ARCHS, GREEDY, MAX_NEW, assert_matches_reference, hf_greedy, prompts_of_lengths
+from helpers import ARCHS, GREEDY, MAX_NEW, check_against_hf, prompts_of_lengths
 
 
-
-
-def check_against_hf(model_dir, prompts, outs, what):
-    compared = 0
-    for p, o in zip(prompts, outs):
-        ref, logits = hf_greedy(model_dir, p, MAX_NEW)
-        compared += assert_matches_reference(o.token_ids, ref, logits, what)
-    assert compared > len(prompts) * MAX_NEW // 2, f"{what}: too few tokens compared ({compared})"
 
 
 

@@ -15,9 +15,8 @@ from adaspec.models.loader import load_model
 from adaspec.models.moe import MoeForCausalLM, SparseMoeBlock
 from adaspec.models.registry import parse_model_spec
 from adaspec.testing import make_eagle3_head
-from helpers import assert_matches_reference, hf_greedy
 from moe_models import MOE_CONFIGS, make_moe_model
-from helpers import GREEDY, MAX_NEW, prompts_of_lengths
+from helpers import GREEDY, check_against_hf, prompts_of_lengths
 
 
 @pytest.fixture(autouse=True)
@@ -34,14 +33,6 @@ def one_thread():
 def moe_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe")
     return {name: str(make_moe_model(root / name, name)) for name in MOE_CONFIGS}
-
-
-def check_against_hf(model_dir, prompts, outs, what):
-    compared = 0
-    for p, o in zip(prompts, outs):
-        ref, logits = hf_greedy(model_dir, p, MAX_NEW)
-        compared += assert_matches_reference(o.token_ids, ref, logits, what)
-    assert compared > len(prompts) * MAX_NEW // 2, f"{what}: too few tokens compared ({compared})"
 
 
 @pytest.mark.parametrize("name", sorted(MOE_CONFIGS))
@@ -188,26 +179,12 @@ def test_speculation_is_lossless_with_a_moe_target(moe_dirs, tmp_path, name, aux
 def test_sampled_speculation_with_a_moe_target_follows_its_distribution(tmp_path):
     """Vocabulary of 8, Qwen2-MoE (shared expert + gate): the joint law of the first two tokens
     under speculation (the second from a verify step) is the target's p(t1) p(t2 | t1)."""
-    from transformers import AutoModelForCausalLM
-
-    from adaspec import SamplingParams
-    from helpers import chi2_pvalue
+    from helpers import two_token_law
 
     d = make_moe_model(tmp_path / "v8", "qwen2_moe", vocab_size=8, init_std=0.1)
     head = make_eagle3_head(tmp_path / "h8", d)
-    prompt, temp = [1, 5, 3, 2, 7], 1.3
-    hf = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
-    with torch.no_grad():
-        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1] / temp, -1)
-        p2 = torch.softmax(hf(torch.tensor([[*prompt, t] for t in range(8)])).logits[:, -1] / temp, -1)
-    expected = {(a, b): float(p1[a] * p2[a, b]) for a in range(8) for b in range(8)}
-    llm = LLM(str(d), draft=str(head), speculation="always", num_steps=2, topk=2, num_draft_tokens=4,
-              device="cpu", dtype="float32", seed=7)
     n = 2000
-    outs = llm.generate([prompt] * n, SamplingParams(max_tokens=3, temperature=temp, ignore_eos=True))
-    counts: dict = {}
-    for o in outs:
-        counts[tuple(o.token_ids[:2])] = counts.get(tuple(o.token_ids[:2]), 0) + 1
+    pvalue, llm = two_token_law(d, head, n)
     st = llm.stats()
     assert st["verify_steps"] >= n and 0 < st["accepted_tokens"] < st["draft_tokens"]
-    assert chi2_pvalue(counts, expected, n) > 1e-3
+    assert pvalue > 1e-3

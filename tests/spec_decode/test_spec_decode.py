@@ -13,7 +13,7 @@ from adaspec.spec_decode.tree import DraftTree
 from reference import verify_greedy, verify_sampled
 from adaspec.testing import make_eagle3_head, make_tiny_model
 from helpers import assert_matches_reference, hf_greedy
-from helpers import GREEDY, MAX_NEW, chi2_pvalue, prompts_of_lengths
+from helpers import GREEDY, MAX_NEW, chi2_pvalue, prompts_of_lengths, two_token_law
 
 SHAPES = {
     "chain3": dict(num_steps=3, topk=1),
@@ -134,28 +134,14 @@ def test_sampled_speculation_matches_target_distribution(tmp_path):
     """End to end on a vocabulary of 8: the joint law of the first two generated tokens
     (the second one produced by a verify step) equals the target's p(t1) p(t2 | t1).
     False-alarm rate 1e-3."""
-    from transformers import AutoModelForCausalLM
-
     d = make_tiny_model(tmp_path / "v8", "llama", vocab_size=8, init_std=0.1, eos_token_id=None)
     head = make_eagle3_head(tmp_path / "h8", d)
-    prompt = [1, 5, 3, 2, 7]
-    temp = 1.3
-    hf = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
-    with torch.no_grad():
-        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1] / temp, -1)
-        p2 = torch.softmax(hf(torch.tensor([[*prompt, t] for t in range(8)])).logits[:, -1] / temp, -1)
-    expected = {(a, b): float(p1[a] * p2[a, b]) for a in range(8) for b in range(8)}
-    llm = LLM(str(d), draft=str(head), speculation="always", num_steps=2, topk=2, num_draft_tokens=4,
-              device="cpu", dtype="float32", seed=7)
     n = 3000
-    outs = llm.generate([prompt] * n, SamplingParams(max_tokens=3, temperature=temp, ignore_eos=True))
-    counts = {}
-    for o in outs:
-        k = tuple(o.token_ids[:2])
-        counts[k] = counts.get(k, 0) + 1
+    pvalue, llm = two_token_law(d, head, n)
     st = llm.stats()
     assert st["verify_steps"] >= n and 0 < st["accepted_tokens"] < st["draft_tokens"]
-    assert chi2_pvalue(counts, expected, n) > 1e-3
+    assert pvalue > 1e-3
+    prompt, temp = [1, 5, 3, 2, 7], 1.3
     # Seeded requests are reproducible under speculation.
     sp = SamplingParams(max_tokens=12, temperature=temp, seed=5, ignore_eos=True)
     assert llm.generate([prompt], sp)[0].token_ids == llm.generate([prompt], sp)[0].token_ids
