@@ -35,6 +35,14 @@ def tok_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tok_head_dir(tok_model_dir, tmp_path_factory):
+    """A random EAGLE-3 head for `tok_model_dir` (servers, the benchmark against them)."""
+    from adaspec.testing import make_eagle3_head
+
+    return str(make_eagle3_head(tmp_path_factory.mktemp("tokhead") / "h", tok_model_dir))
+
+
+@pytest.fixture(scope="session")
 def agree_dir(tmp_path_factory):
     """A tiny Llama with a small init: its greedy continuations settle into loops and
     repeats that a one-layer draft head can learn in seconds (the default init is chaotic)."""

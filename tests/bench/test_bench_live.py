@@ -15,18 +15,14 @@ if importlib.util.find_spec("adaspec.server.cli") is None:
 
 from adaspec.bench import cli as bench_cli
 from adaspec.bench.server import ServerProcess, free_port
-from adaspec.testing import make_eagle3_head, make_tiny_model
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CPU = ["--device", "cpu", "--dtype", "float32"]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench_live")
-    model = make_tiny_model(root / "tiny", "llama", tokenizer=True)
-    head = make_eagle3_head(root / "head", model)
-    return str(model), str(head)
+def tiny(tok_model_dir, tok_head_dir):
+    return tok_model_dir, tok_head_dir
 
 
 def _serve(args: list[str], log: Path) -> ServerProcess:

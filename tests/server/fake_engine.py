@@ -2,9 +2,8 @@
 tests: prompts starting with special ids make it fail in chosen ways."""
 from __future__ import annotations
 
-import math
-import socket
 import contextlib
+import math
 import threading
 import time
 from types import SimpleNamespace
@@ -12,6 +11,7 @@ from types import SimpleNamespace
 import httpx
 import uvicorn
 
+from adaspec.bench.server import free_port
 from adaspec.config import EngineConfig
 from adaspec.engine.request import RequestOutput
 
@@ -105,17 +105,11 @@ def expected(prompt: list[int], n: int) -> list[int]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve_in_thread(app, **config):
     """Run `app` with uvicorn on a free port in a daemon thread until the block ends;
     yields (url, port, server) once /health answers 200 (uvicorn.Config keywords in `config`)."""
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

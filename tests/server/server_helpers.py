@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -12,19 +11,15 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from adaspec.bench.server import free_port
+
 MODEL_NAME = "tiny-llama"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ServerProcess:
     def __init__(self, args: list[str], env: dict[str, str] | None = None):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
         self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would block the server

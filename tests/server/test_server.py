@@ -18,18 +18,14 @@ import httpx
 import openai
 import pytest
 
-from adaspec.testing import make_eagle3_head, make_tiny_model
 from server_helpers import MODEL_NAME, REPO, ServerProcess, metrics, wait_for  # noqa: F401
 
 PROMPT = "The quick brown fox"
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("server_models")
-    model = make_tiny_model(root / "model", "llama", tokenizer=True)
-    head = make_eagle3_head(root / "head", model)
-    return str(model), str(head)
+def dirs(tok_model_dir, tok_head_dir):
+    return tok_model_dir, tok_head_dir
 
 
 @pytest.fixture(scope="module")
