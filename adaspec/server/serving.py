@@ -8,7 +8,7 @@ Defaults (documented because OpenAI leaves them to the server):
               (--generation-config auto, the default; e.g. Llama-3.1: 0.6 / 0.9), else
               1.0, 1.0, -1 (off), 0.0 (OpenAI's and vLLM's). /server_info shows the ones in
               force under config.sampling_defaults; a request's own fields always win.
-Prompts are encoded as `adaspec/tokenization.py` states (shared with `adaspec generate`); chat
+SSE events are built in `server/streaming.py`. Prompts are encoded as `adaspec/tokenization.py` states (shared with `adaspec generate`); chat
 content never becomes control tokens (`server/chat_prompt.py`).
 Bodies are parsed, validated and tokenized on one worker thread (the tokenizer is not
 thread-safe), never on the event loop, so a large prompt does not stall the other streams.
@@ -20,17 +20,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
-import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
-from starlette.background import BackgroundTask
 
 from adaspec.engine.request import RequestOutput
 from adaspec.sampling import SamplingParams
@@ -38,6 +36,7 @@ from adaspec.server.async_engine import AsyncEngine, EngineError, RequestStream
 from adaspec.server.body import parse_body
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from adaspec.server.streaming import stream_response
 from adaspec.server.chat_prompt import encode_chat_untrusted
 from adaspec.server.info import BUILTIN_SAMPLING_DEFAULTS, server_info
 from adaspec.tokenization import encode_text, has_chat_template
@@ -47,11 +46,6 @@ logger = logging.getLogger("adaspec.server")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                    "stop_token_ids", "max_draft_tokens")
-
-# Characters that JSON leaves raw but line-splitting SSE clients (str.splitlines, JS readers)
-# take for line breaks; escaped so an event never breaks inside its JSON.
-_SSE_ESCAPES = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
-
 
 @dataclass
 class ServerSettings:
@@ -80,10 +74,6 @@ def _param_of(err: ValueError, default: str | None = None) -> str | None:
     """SamplingParams' messages start with the field name; use it as the OpenAI `param`."""
     first = str(err).split(" ", 1)[0]
     return first if first in SAMPLING_FIELDS else default
-
-
-def _sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':')).translate(_SSE_ESCAPES)}\n\n"
 
 
 async def _wait_for_disconnect(raw: Request) -> None:
@@ -373,7 +363,7 @@ class OpenAIServing:
             def chunk(i: int, out: RequestOutput) -> dict:
                 finish = out.finish_reason if out.finished else None
                 return {**base, "choices": [choice(i, out.new_text or "", out, finish, out.new_token_ids)]}
-            return self._stream(streams, chunk, base, req, first=None)
+            return stream_response(self, streams, chunk, base, req, first=None)
 
         finals = await self.collect(streams, raw)
         if finals is None:
@@ -404,7 +394,7 @@ class OpenAIServing:
                 if req.return_token_ids:
                     c["token_ids"] = out.new_token_ids
                 return {**base, "choices": [c]}
-            return self._stream(streams, chunk, base, req, first=first)
+            return stream_response(self, streams, chunk, base, req, first=first)
 
         finals = await self.collect(streams, raw)
         if finals is None:
@@ -419,50 +409,6 @@ class OpenAIServing:
             choices.append(c)
         return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
                              "choices": choices, "usage": self.usage(finals)})
-
-    def _stream(self, streams: list[RequestStream], chunk, base: dict, req, first) -> StreamingResponse:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        complete = False      # the body was sent to the end
-
-        async def body() -> AsyncIterator[str]:
-            nonlocal complete
-            finals: list[RequestOutput | None] = [None] * len(streams)
-            try:
-                if first is not None:
-                    for i in range(len(streams)):
-                        yield _sse(self._with_usage(first(i), include_usage))
-                async for i, out in self.merge(streams):
-                    if out.finished:
-                        finals[i] = out
-                    # Skip empty mid-stream outputs (e.g. text held back by the detokenizer) unless
-                    # the client asked for token ids, which are never held back.
-                    if out.finished or out.new_text or (req.return_token_ids and out.new_token_ids) \
-                            or (out.new_text is None and out.new_token_ids):
-                        yield _sse(self._with_usage(chunk(i, out), include_usage))
-                if include_usage:
-                    yield _sse({**base, "choices": [], "usage": self.usage(finals)})  # type: ignore[arg-type]
-            except EngineError as e:
-                self.metrics.on_rejected("engine_error")
-                yield _sse(APIError(str(e), status=500, type="server_error", code="engine_error").body())
-            complete = True
-            yield "data: [DONE]\n\n"
-
-        # The background task runs even when the client disconnects before the first chunk, a case
-        # in which the generator's own cleanup never runs (it was never started).
-        def cleanup() -> None:
-            if not complete:   # the client went away first (a normal event, not an error)
-                self.metrics.on_disconnect("stream")
-            self.abort_unfinished(streams)
-
-        return StreamingResponse(body(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                                 background=BackgroundTask(cleanup))
-
-    @staticmethod
-    def _with_usage(obj: dict, include_usage: bool) -> dict:
-        if include_usage:
-            obj["usage"] = None
-        return obj
 
     def server_info(self) -> dict:
         """/server_info (`server/info.py`)."""

@@ -13,7 +13,7 @@ import h11
 import httpx
 import pytest
 
-from adaspec.server.serving import _sse
+from adaspec.server.streaming import sse as _sse
 from adaspec.testing import make_tiny_model
 from server_helpers import ServerProcess, metrics, wait_for
 
