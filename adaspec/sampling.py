@@ -102,15 +102,17 @@ class SamplingBatch:
     use_top_k: bool = False
     use_top_p: bool = False
 
+    # Each field's device dtype (and, through numpy, its host one).
+    FIELD_DTYPES = {"temperature": torch.float32, "min_p": torch.float32, "top_k": torch.int64,
+                    "top_p": torch.float32, "seed": torch.int64, "greedy": torch.uint8}
+
     @classmethod
     def host_arrays(cls, params: list[SamplingParams], seeds: list[int]) -> dict:
         """The batch's fields as numpy arrays (to stage in the step's one host->device copy)."""
-        return {"temperature": np.array([1.0 if p.greedy else p.temperature for p in params], np.float32),
-                "min_p": np.array([p.min_p for p in params], np.float32),
-                "top_k": np.array([p.top_k for p in params], np.int64),
-                "top_p": np.array([p.top_p for p in params], np.float32),
-                "seed": np.array(seeds, np.int64),
-                "greedy": np.array([p.greedy for p in params], np.uint8)}
+        values = {"temperature": [1.0 if p.greedy else p.temperature for p in params],
+                  "min_p": [p.min_p for p in params], "top_k": [p.top_k for p in params],
+                  "top_p": [p.top_p for p in params], "seed": seeds, "greedy": [p.greedy for p in params]}
+        return {k: torch.tensor(v, dtype=cls.FIELD_DTYPES[k]).numpy() for k, v in values.items()}
 
     @classmethod
     def of(cls, params: list[SamplingParams], seeds: list[int], device: torch.device,

@@ -90,9 +90,7 @@ def stage_verify(stg: Staging, vi: VerifyInputs, accept: np.ndarray | None, refr
         b.refresh = stage_refresh(stg, refresh)
     if params is not None and not all(p.greedy for p in params):
         host = SamplingBatch.host_arrays(params, seeds)
-        dtypes = {"temperature": torch.float32, "min_p": torch.float32, "top_p": torch.float32,
-                  "top_k": torch.int64, "seed": torch.int64, "greedy": torch.uint8}
-        b.sampling = {k: stg.add(v, dtypes[k]) for k, v in host.items()}
+        b.sampling = {k: stg.add(v, SamplingBatch.FIELD_DTYPES[k]) for k, v in host.items()}
         b.params = params
     return b
 
