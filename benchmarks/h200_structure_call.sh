@@ -14,6 +14,6 @@ python3 benchmarks/host_profile.py --shape llama-8b --configs off,chain3 --steps
 python3 benchmarks/host_profile.py --model demo --configs off,chain4,auto --steps 300 --prompt-len 128 --out $R/host_demo.json > $R/host_demo.log 2>&1
 timeout 200 python3 -m adaspec.cli compare --configs off,always,auto --concurrency 1 --dataset tests/data/demo_heldout.jsonl \
     --output-len 64 --num-prompts 16 --num-warmup 1 --num-steps 4 --device cuda --out-dir $R/demo_compare > $R/demo_compare.log 2>&1
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu > $R/gpu_tests.log 2>&1
+timeout 240 python3 -m pytest -q -n 0 -p no:cacheprovider tests/gpu > $R/gpu_tests.log 2>&1
 tar czf $OUT/structure_call.tar.gz -C $R .
 tail -n 5 $R/*.log

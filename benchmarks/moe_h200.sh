@@ -35,7 +35,7 @@ run() {  # run LIMIT_S NAME CMD...: output to $OUT/NAME.log, status to moe_h200.
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; date -u; git rev-parse HEAD; } \
     >"$OUT/device.txt" 2>&1
 
-run 80 conformance $PY -m pytest -q -p no:cacheprovider tests/gpu/test_moe_gpu.py -k "kernel" -x
+run 80 conformance $PY -m pytest -q -n 0 -p no:cacheprovider tests/gpu/test_moe_gpu.py -k "kernel" -x
 
 run 120 sweep $PY benchmarks/kernels/moe_sweep.py --json "$OUT/moe_sweep.json" \
     --configs-out "$OUT/moe_configs.json" --budget-s 95
@@ -56,5 +56,5 @@ if [ -s "$OUT/moe_physics.json" ]; then
         --out "$OUT/gpu_fast_path_moe.json"
 fi
 
-run 80 model_gpu $PY -m pytest -q -p no:cacheprovider tests/gpu/test_moe_gpu.py -k "model and (qwen3_moe or glm4_moe)" -x
+run 80 model_gpu $PY -m pytest -q -n 0 -p no:cacheprovider tests/gpu/test_moe_gpu.py -k "model and (qwen3_moe or glm4_moe)" -x
 log "done; results in $OUT"

@@ -12,6 +12,15 @@ import torch
 if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist each worker gets its share of the cores (torch would otherwise start one
+# thread per core in every worker and the workers would fight over them); subprocesses that
+# tests start (servers) inherit it through OMP_NUM_THREADS.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    _threads = max(1, (os.cpu_count() or 1) // _workers)
+    torch.set_num_threads(_threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads))
+
 from adaspec.testing import make_tiny_model
 
 from helpers import ARCHS  # noqa: E402
