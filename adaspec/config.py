@@ -43,11 +43,16 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192   # per-step token budget (chunked prefill)
     max_model_len: int | None = None     # default: the model's max_position_embeddings
+    # While requests decode, a step's prefill tokens are capped (engine/prefill_pacer.py): by
+    # measurement so a step costs at most ~2x a decode-only step (0, the default), or at this many.
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
         _require(self.max_num_seqs >= 1, "max_num_seqs", "--max-num-seqs", ">= 1", self.max_num_seqs)
         _require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "--max-num-batched-tokens", ">= 1",
                  self.max_num_batched_tokens)
+        _require(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",
+                 "--long-prefill-token-threshold", ">= 0", self.long_prefill_token_threshold)
         _require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "--max-model-len",
                  ">= 2 (a prompt token and a generated one)", self.max_model_len)
 
@@ -181,6 +186,10 @@ def add_engine_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--long-prefill-token-threshold", type=int, default=0,
+                   help="while requests decode, cap a step's prefill tokens at this many (at least 4 per decode "
+                        "token); 0: paced by measurement so long prompts at most double running streams' "
+                        "inter-token latency")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--attention-backend", default="auto", choices=["auto", "triton", "torch"])
@@ -198,7 +207,8 @@ def engine_kwargs_from_cli(a: argparse.Namespace) -> dict:
               seed=a.seed, block_size=a.block_size, num_blocks=a.num_kv_blocks,
               memory_bytes=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
               enable_prefix_caching=not a.no_prefix_caching, max_num_seqs=a.max_num_seqs,
-              max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
+              max_num_batched_tokens=a.max_num_batched_tokens,
+              long_prefill_token_threshold=a.long_prefill_token_threshold, max_model_len=a.max_model_len,
               served_model_name=a.served_model_name, generation_config=a.generation_config, draft=a.draft, num_steps=a.num_steps,
               topk=a.topk, num_draft_tokens=a.num_draft_tokens,
               spec_disable_batch_size=a.spec_disable_batch_size,

@@ -3,8 +3,9 @@
 `schedule()` returns a `StepPlan` (printable). Order of business each step:
   1. ask the speculation policy once for the step's draft shape  <- the one decision point
   2. cap it per request (opt-out, max_draft_tokens, tokens left, context left)
-  3. reserve exactly the slots the plan needs (running requests first, then new ones),
-     dropping a request's speculation, then preempting the newest request, if blocks run out
+  3. reserve exactly the slots the plan needs (decode rows first, then prefill chunks of running
+     requests, then new ones), dropping a request's speculation, then preempting the newest
+     request, if blocks run out; prefill next to decode rows is bounded (`_prefill_budget`)
 `postprocess()` appends emitted tokens, applies stop conditions, advances `num_computed`
 and rolls back the slots of rejected draft tokens.
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 
 from adaspec.config import SchedulerConfig
 from adaspec.engine.kv_cache import KVCacheManager
+from adaspec.engine.prefill_pacer import PrefillPacer
 from adaspec.engine.request import Request, Status
 from adaspec.spec_decode.policy import SpeculationPolicy, request_shape
 from adaspec.spec_decode.tree import DraftShape
@@ -97,6 +99,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self._reserved_for_new = 0
+        self.pacer = PrefillPacer(fixed_cap=cfg.long_prefill_token_threshold)   # fed by the engine
 
     # ---- queue management -----------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -125,15 +129,30 @@ class Scheduler:
         budget = self.cfg.max_num_batched_tokens
         plan.batch_size = len(self.running) + min(len(self.waiting), max(0, self.cfg.max_num_seqs - len(self.running)))
         plan.policy_shape = self.policy.decide(plan.batch_size) if self.draft_sync else None
-        running = list(self.running)
+        # Decode rows first, then prefill chunks: a running stream is never starved by a long
+        # prompt (prefill rows get what the decode rows leave, capped by `_prefill_budget`).
+        # Among prefills the oldest comes first (it always progresses), then the shortest
+        # remaining (a short prompt is not queued behind long ones); see `_prefill_budget`.
+        age = {id(r): k for k, r in enumerate(self.running)}
+        prefills = [r for r in self.running if r.num_tokens - r.num_computed > 1]
+        prefills[1:] = sorted(prefills[1:], key=lambda r: r.num_tokens - r.num_computed)
+        todo = [r for r in self.running if r.num_tokens - r.num_computed <= 1] + prefills
+        prefill = None   # the prefill tokens still allowed in this step (set at the first prefill row)
         i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
+        while i < len(todo) and budget > 0:
+            req = todo[i]
             if req.pending and self._will_finish_by_length(req):
                 i += 1          # its last token is in flight; nothing left to compute
                 continue
-            num_new = min(req.num_tokens - req.num_computed, budget)
-            decoding = req.num_tokens - req.num_computed == 1
+            left = req.num_tokens - req.num_computed
+            decoding = left == 1
+            if not decoding and prefill is None:
+                prefill = self._prefill_budget(plan, budget, reserve_for_new=True)
+            if not decoding and prefill <= 0:
+                break
+            num_new = min(left, budget) if decoding else min(left, budget, prefill)
+            if not decoding and req is prefills[0] and len(prefills) > 1:
+                num_new = min(num_new, max(1, prefill // 2))   # half for the others
             draft = self.draft_budget(req, plan.policy_shape) if decoding else None
             if draft is not None and num_new + draft.num_nodes > budget:
                 draft = draft.capped(0)
@@ -147,23 +166,30 @@ class Scheduler:
                 if draft is not None:      # give up speculation before anyone's KV
                     draft = None
                     continue
-                victim = running.pop()     # newest request goes back to the queue
+                # The newest request not yet planned goes back to the queue (this one if it is
+                # the newest): the oldest running request is never preempted for a newer one.
+                victim = max(todo[i:], key=lambda r: age[id(r)])
+                todo.remove(victim)
                 self._preempt(victim, plan)
                 if victim is req:
                     req = None
                     break
             if req is None:
-                break
+                continue        # todo[i] is now the next request
             plan.scheduled.append(ScheduledRequest(req, num_new, draft))
             req.in_flight += 1
             budget -= num_new + (draft.num_nodes if draft else 0)
+            if not decoding:
+                prefill -= num_new
             i += 1
         # New requests, oldest first, while budget, sequence slots and blocks allow.
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs and not plan.preempted:
+        prefill = self._prefill_budget(plan, budget, reserve_for_new=False) if prefill is None else \
+            min(budget, prefill + self._reserved_for_new)
+        while self.waiting and prefill > 0 and len(self.running) < self.cfg.max_num_seqs and not plan.preempted:
             req = self.waiting[0]
             if req.num_computed == 0 and not req.block_ids:
                 self._match_prefix(req)
-            num_new = min(req.num_tokens - req.num_computed, budget)
+            num_new = min(req.num_tokens - req.num_computed, prefill)
             if not self.kv.reserve(req, req.num_computed + num_new + self.extra_slot):
                 # Give back the prefix-cache blocks just attached: a waiting request that kept
                 # them would pin blocks no one can use, and with preempted requests queued in
@@ -178,8 +204,24 @@ class Scheduler:
             self.running.append(req)
             plan.scheduled.append(ScheduledRequest(req, num_new, None))
             req.in_flight += 1
-            budget -= num_new
+            prefill -= num_new
         return plan
+
+    def _prefill_budget(self, plan: StepPlan, budget: int, reserve_for_new: bool) -> int:
+        """Prefill tokens this step may still take, given the decode rows planned so far.
+
+        With no decode row the whole budget goes to prefill (a burst of prompts starts at full
+        speed). With decode rows, the pacer caps it (`PrefillPacer`: a step with prefill costs
+        at most about twice a decode-only step, yet keeps pace with a large batch). When requests wait and a sequence slot is
+        free, half of it is kept for them (`reserve_for_new`): a short request that arrives
+        behind long prompts starts within a step or two instead of behind all of them."""
+        decode_tokens = sum(1 + (s.draft.num_nodes if s.draft else 0) for s in plan.scheduled)
+        paced = self.pacer.cap(decode_tokens)
+        cap = budget if paced is None else min(budget, paced)
+        self._reserved_for_new = 0
+        if reserve_for_new and self.waiting and len(self.running) < self.cfg.max_num_seqs:
+            self._reserved_for_new = cap // 2
+        return cap - self._reserved_for_new
 
     def _will_finish_by_length(self, req: Request) -> bool:
         return req.num_output_tokens >= req.params.max_tokens or req.num_tokens >= self.max_model_len

@@ -1,0 +1,52 @@
+"""How many prefill tokens a step may carry next to decode rows.
+
+A long prompt prefilled in big chunks stalls every running stream: each of its chunks lands
+in a step that the streams wait for. The pacer bounds the chunk so that a step with prefill
+costs at most `itl_ratio` (1.8, a margin under the 2x target) times a decode-only step,
+from two measured quantities:
+
+    t_decode   an EMA of the time of steps without prefill rows
+    t_token    an EMA of the extra time per prefill token: (t_step - t_decode) / prefill tokens
+
+    cap = (itl_ratio - 1) * t_decode / t_token,  at least `min_chunk`
+
+and never below `per_decode` x the step's decode tokens: at high concurrency prefill must keep
+pace with the requests the batch finishes (a 512-token prompt per 256-token answer needs two
+prefill tokens per decode token), or the queue grows without bound. Until both EMAs have data
+the cap is `default_cap`. A fixed `long_prefill_token_threshold` replaces the measured cap.
+Linear in tokens on purpose: on a GPU small chunks cost less than linear, so the cap errs
+towards smaller chunks, which only costs prefill speed while streams run.
+"""
+from __future__ import annotations
+
+
+class PrefillPacer:
+    def __init__(self, fixed_cap: int = 0, itl_ratio: float = 1.8, per_decode: int = 4, min_chunk: int = 16,
+                 default_cap: int = 256, ema: float = 0.2):
+        self.fixed_cap, self.itl_ratio, self.per_decode = fixed_cap, itl_ratio, per_decode
+        self.min_chunk, self.default_cap, self.ema = min_chunk, default_cap, ema
+        self.t_decode: float | None = None
+        self.t_token: float | None = None
+
+    def cap(self, decode_tokens: int) -> int | None:
+        """Prefill tokens allowed in a step with `decode_tokens` decode rows (None: no cap)."""
+        if not decode_tokens:
+            return None
+        if self.fixed_cap:
+            base = self.fixed_cap
+        elif self.t_decode is None or not self.t_token:
+            base = self.default_cap
+        else:
+            base = max(self.min_chunk, int((self.itl_ratio - 1.0) * self.t_decode / self.t_token))
+        return max(base, self.per_decode * decode_tokens)
+
+    def observe(self, step_time: float, prefill_tokens: int) -> None:
+        """Feed a collected step's wall time and its prefill tokens."""
+        if step_time <= 0:
+            return
+        if prefill_tokens == 0:
+            self.t_decode = step_time if self.t_decode is None else \
+                self.t_decode + self.ema * (step_time - self.t_decode)
+        elif self.t_decode is not None and prefill_tokens >= self.min_chunk:
+            per = max(step_time - self.t_decode, 0.0) / prefill_tokens
+            self.t_token = per if self.t_token is None else self.t_token + self.ema * (per - self.t_token)
