@@ -1,60 +1,75 @@
 """Frozen configuration of an engine: what to load, how big the cache is, how to schedule,
 how to speculate. Everything user-facing funnels into `EngineConfig.create(**kwargs)`, which
-is shared by the offline `LLM`, the server and the command line (`add_engine_cli_args`)."""
+is shared by the offline `LLM`, the server and the command line (`add_engine_cli_args`).
+
+Each option is defined once, as a field made by `adaspec.options.opt` (default, flag, type,
+range, help): the checks, the flags and the keywords all come from those fields."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 from dataclasses import dataclass, field, fields
+
+from adaspec.options import add_option_args, check_fields, keyword_aliases, kwargs_from_args, opt
 
 SPECULATION_POLICIES = ("off", "always", "threshold", "auto")
 GENERATION_CONFIG_MODES = ("auto", "none")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
-def _require(ok: bool, name: str, flag: str, what: str, value) -> None:
-    """A ValueError naming the keyword and its command-line flag, e.g.
-    "max_num_seqs (--max-num-seqs) must be >= 1, got 0"."""
-    if not ok:
-        raise ValueError(f"{name} ({flag}) must be {what}, got {value!r}")
+def _power_of_two(v: int) -> str | None:
+    return None if 1 <= v <= 256 and v & (v - 1) == 0 else "a power of two from 1 to 256"
+
+
+def _device(v: str) -> str | None:
+    ok = v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit())
+    return None if ok else "auto, cpu, cuda or cuda:N"
+
+
+def _chat_template(v: str) -> str | None:
+    """A template given inline (vLLM accepts both) holds Jinja markup; anything else must be a file."""
+    return None if os.path.isfile(v) or "{{" in v or "{%" in v else "a file or a Jinja template"
 
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16
-    num_blocks: int | None = None        # explicit pool size wins over the memory budget
-    memory_bytes: int | None = None      # KV budget; default: 128 MiB on CPU, on CUDA
-                                         # gpu_memory_utilization of free memory less 4 GiB
-    gpu_memory_utilization: float = 0.90
-    enable_prefix_caching: bool = True
+    block_size: int = opt(16, "--block-size", "tokens per KV-cache block", type=int, check=_power_of_two)
+    num_blocks: int | None = opt(
+        None, "--num-gpu-blocks-override", "KV-cache blocks; wins over the memory budget", type=int, ge=1,
+        aliases=("--num-kv-blocks",), kw_aliases=("num_kv_blocks", "num_gpu_blocks_override"),
+        default_text="from the memory budget")
+    memory_bytes: int | None = opt(
+        None, "--kv-cache-memory-bytes", "KV-cache budget in bytes", type=int, gt=0,
+        aliases=("--kv-cache-memory",), kw_aliases=("kv_cache_memory", "kv_cache_memory_bytes"),
+        default_text="128 MiB on CPU; on CUDA --gpu-memory-utilization of free memory less 4 GiB")
+    gpu_memory_utilization: float = opt(0.90, "--gpu-memory-utilization",
+                                        "fraction of free GPU memory the engine may use", type=float, gt=0, le=1)
+    enable_prefix_caching: bool = opt(True, "--enable-prefix-caching", "reuse the KV of shared prompt prefixes",
+                                      type=bool, negative_alias="--no-prefix-caching")
 
     def __post_init__(self) -> None:
-        bs = self.block_size
-        _require(isinstance(bs, int) and 1 <= bs <= 256 and bs & (bs - 1) == 0, "block_size", "--block-size",
-                 "a power of two from 1 to 256", bs)
-        _require(self.num_blocks is None or self.num_blocks >= 1, "num_kv_blocks", "--num-kv-blocks", ">= 1",
-                 self.num_blocks)
-        _require(self.memory_bytes is None or self.memory_bytes > 0, "kv_cache_memory", "--kv-cache-memory",
-                 "> 0 bytes", self.memory_bytes)
-        _require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "--gpu-memory-utilization",
-                 "in (0, 1]", self.gpu_memory_utilization)
+        check_fields(self)
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192   # per-step token budget (chunked prefill)
-    max_model_len: int | None = None     # default: the model's max_position_embeddings
+    max_num_seqs: int = opt(256, "--max-num-seqs", "requests in the running batch at most", type=int, ge=1)
+    max_num_batched_tokens: int = opt(8192, "--max-num-batched-tokens",
+                                      "tokens one step may hold (longer prompts prefill in chunks)", type=int, ge=1)
     # While requests decode, a step's prefill tokens are capped (engine/prefill_pacer.py): by
     # measurement so a step costs at most ~2x a decode-only step (0, the default), or at this many.
-    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold: int = opt(
+        0, "--long-prefill-token-threshold", "while requests decode, cap a step's prefill tokens at this many "
+        "(at least 4 per decode token); 0: paced by measurement so long prompts at most double running "
+        "streams' inter-token latency", type=int, ge=0)
+    max_model_len: int | None = opt(
+        None, "--max-model-len", "context length, prompt and output together; must be >= 2 (a prompt token "
+        "and a generated one)", type=int, ge=2,
+        default_text="the model's max_position_embeddings, cut to what the KV cache holds")
 
     def __post_init__(self) -> None:
-        _require(self.max_num_seqs >= 1, "max_num_seqs", "--max-num-seqs", ">= 1", self.max_num_seqs)
-        _require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "--max-num-batched-tokens", ">= 1",
-                 self.max_num_batched_tokens)
-        _require(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",
-                 "--long-prefill-token-threshold", ">= 0", self.long_prefill_token_threshold)
-        _require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "--max-model-len",
-                 ">= 2 (a prompt token and a generated one)", self.max_model_len)
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -63,39 +78,44 @@ class SpecConfig:
     branches per step, `num_draft_tokens` tokens verified per request including the root
     (a chain of k has num_steps=k, topk=1, num_draft_tokens=k+1)."""
 
-    draft: str | None = None
-    policy: str = "off"
-    num_steps: int = 3
-    topk: int = 1
-    num_draft_tokens: int | None = None
-    spec_disable_batch_size: int | None = None
-    hysteresis: int | None = None            # threshold policy: re-enable below N - hysteresis
-    simulate_accept_rate: float | None = None
-    simulate_seed: int = 0
-    auto_profile: bool = True                # auto policy: short start-up profile of step times
+    draft: str | None = opt(None, "--draft", "EAGLE-3 head directory", default_text="none")
+    policy: str = opt("off", "--speculation", "speculation policy", choices=SPECULATION_POLICIES,
+                      kw_aliases=("speculation",))
+    num_steps: int = opt(3, "--num-steps", "draft forwards per step (the depth of the chain or tree)",
+                         type=int, ge=1)
+    topk: int = opt(1, "--topk", "branches per draft forward (1: a chain)", type=int, ge=1)
+    num_draft_tokens: int | None = opt(None, "--num-draft-tokens",
+                                       "tokens verified per request and step, the root included (trees)",
+                                       type=int, ge=2, default_text="num_steps + 1")
+    spec_disable_batch_size: int | None = opt(
+        None, "--spec-disable-batch-size", "threshold policy: no speculation above this many running requests",
+        type=int, ge=1, default_text="none")
+    hysteresis: int | None = opt(
+        None, "--spec-hysteresis", "threshold policy: speculation resumes at or below "
+        "--spec-disable-batch-size minus this", type=int, ge=0, kw_aliases=("spec_hysteresis",),
+        default_text="a quarter of --spec-disable-batch-size")
+    simulate_accept_rate: float | None = opt(
+        None, "--spec-simulate-accept-rate", "benchmarking only: accept each draft token with this probability",
+        type=float, ge=0, le=1, kw_aliases=("spec_simulate_accept_rate",), default_text="off")
+    simulate_seed: int = opt(0, None, "seed of the simulated acceptance", type=int)
+    auto_profile: bool = opt(True, "--spec-auto-profile",
+                             "auto policy: time each draft depth at start-up to seed its cost table", type=bool)
 
     def __post_init__(self) -> None:
-        if self.policy not in SPECULATION_POLICIES:
-            raise ValueError(f"speculation must be one of {SPECULATION_POLICIES}, got {self.policy!r}")
-        if self.num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
-        if self.topk < 1:
-            raise ValueError(f"topk must be >= 1, got {self.topk}")
+        check_fields(self)
         n = self.resolved_num_draft_tokens
-        if n < 2 or n > 1 + self.topk + (self.num_steps - 1) * self.topk * self.topk:
-            raise ValueError(
-                f"num_draft_tokens={n} impossible for num_steps={self.num_steps}, topk={self.topk} "
-                f"(at most {1 + self.topk + (self.num_steps - 1) * self.topk * self.topk})")
+        most = 1 + self.topk + (self.num_steps - 1) * self.topk * self.topk
+        if n > most:
+            raise ValueError(f"num_draft_tokens (--num-draft-tokens) {n} impossible for --num-steps "
+                             f"{self.num_steps} and --topk {self.topk} (at most {most})")
         if self.topk == 1 and n > self.num_steps + 1:
-            raise ValueError(f"a chain (topk=1) of num_steps={self.num_steps} verifies at most "
-                             f"{self.num_steps + 1} tokens, got num_draft_tokens={n}")
-        if self.policy == "threshold" and (self.spec_disable_batch_size is None or self.spec_disable_batch_size < 1):
-            raise ValueError("speculation='threshold' needs spec_disable_batch_size "
-                             "(--spec-disable-batch-size) >= 1")
+            raise ValueError(f"a chain (--topk 1) of --num-steps {self.num_steps} verifies at most "
+                             f"{self.num_steps + 1} tokens, got --num-draft-tokens {n}")
+        if self.policy == "threshold" and self.spec_disable_batch_size is None:
+            raise ValueError("--speculation threshold needs --spec-disable-batch-size N "
+                             "(spec_disable_batch_size) >= 1")
         if self.policy != "off" and self.draft is None:
-            raise ValueError(f"speculation={self.policy!r} needs a draft model (draft=DIR, --draft DIR)")
-        if self.simulate_accept_rate is not None and not (0.0 <= self.simulate_accept_rate <= 1.0):
-            raise ValueError(f"spec_simulate_accept_rate must be in [0, 1], got {self.simulate_accept_rate}")
+            raise ValueError(f"--speculation {self.policy} needs a draft model (--draft DIR, draft=DIR)")
 
     @property
     def resolved_num_draft_tokens(self) -> int:
@@ -109,38 +129,48 @@ class SpecConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     model: str
-    tokenizer: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    load_format: str = "auto"            # "auto" (safetensors) | "dummy" (random weights)
-    seed: int = 0
+    tokenizer: str | None = opt(None, "--tokenizer", "tokenizer directory", default_text="the model directory")
+    device: str = opt("auto", "--device", "where the engine runs: auto (CUDA when present), cpu, cuda, cuda:N",
+                      check=_device)
+    dtype: str = opt("auto", "--dtype", "weight and activation dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+                     choices=DTYPES, values={"half": "float16", "float": "float32"})
+    load_format: str = opt("auto", "--load-format", "auto: the safetensors weights; dummy: random weights",
+                           choices=("auto", "dummy"))
+    seed: int = opt(0, "--seed", "seed of sampling for requests without their own", type=int)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
-    served_model_name: str | None = None
-    attention_backend: str = "auto"      # "auto" (triton on CUDA, else torch) | "triton" | "torch"
-    enforce_eager: bool = False          # no CUDA graphs
+    served_model_name: str | None = opt(None, "--served-model-name", "the model name clients send",
+                                        default_text="the model directory")
+    attention_backend: str = opt("auto", "--attention-backend", "auto: triton on CUDA, else torch",
+                                 choices=("auto", "triton", "torch"))
+    enforce_eager: bool = opt(False, "--enforce-eager", "run without CUDA graphs", type=bool)
     # Plan and launch step N+1 while the device runs step N (SGLang's overlap scheduler, vLLM's
     # async scheduling). Outputs are identical either way; off = one step at a time.
-    overlap: bool = True
+    overlap: bool = opt(True, "--overlap", "plan step N+1 on the CPU while the GPU runs step N "
+                        "(outputs are the same either way)", type=bool)
     # "auto": sampling fields a request leaves out come from the model's generation_config.json
     # (like vLLM's --generation-config auto); "none": adaspec's own defaults (OpenAI's).
-    generation_config: str = "auto"
+    generation_config: str = opt(
+        "auto", "--generation-config", "auto: sampling fields a request leaves out (temperature, top_p, "
+        "top_k, min_p) default to the model's generation_config.json; none: to 1.0 / 1.0 / -1 / 0.0",
+        choices=GENERATION_CONFIG_MODES)
+    chat_template: str | None = opt(None, "--chat-template", "a Jinja chat template (a file, or the template "
+                                    "itself) replacing the tokenizer's", check=_chat_template,
+                                    default_text="the tokenizer's")
 
     def __post_init__(self) -> None:
-        if self.attention_backend not in ("auto", "triton", "torch"):
-            raise ValueError(f"attention_backend must be auto, triton or torch, got {self.attention_backend!r}")
-        if self.generation_config not in GENERATION_CONFIG_MODES:
-            raise ValueError(f"generation_config must be one of {GENERATION_CONFIG_MODES}, "
-                             f"got {self.generation_config!r}")
+        check_fields(self)
 
     @classmethod
     def create(cls, model: str, **kw) -> "EngineConfig":
-        """Build from flat keyword arguments (the LLM / CLI vocabulary). Unknown keys raise."""
+        """Build from flat keyword arguments (the LLM / CLI vocabulary: field names and their
+        aliases, plus `speculative_config`, vLLM's dict or JSON form). Unknown keys raise."""
         groups = {"cache": CacheConfig, "scheduler": SchedulerConfig, "spec": SpecConfig}
-        aliases = {"speculation": "policy", "spec_simulate_accept_rate": "simulate_accept_rate",
-                   "num_kv_blocks": "num_blocks", "kv_cache_memory": "memory_bytes",
-                   "spec_hysteresis": "hysteresis"}
+        aliases = keyword_aliases(cls, *groups.values())
+        if kw.get("speculative_config") is not None:
+            kw = merge_speculative_config(kw)
+        kw.pop("speculative_config", None)
         top = {f.name for f in fields(cls)} - set(groups)
         parts: dict[str, dict] = {g: {} for g in groups}
         own: dict = {}
@@ -160,60 +190,60 @@ class EngineConfig:
         return cls(model=model, **own, **{g: groups[g](**v) for g, v in parts.items()})
 
 
+# vLLM's --speculative-config keys -> adaspec's keywords (the others adaspec accepts as they are).
+_SPEC_CONFIG_KEYS = {"model": "draft", "num_speculative_tokens": "num_steps"}
+_SPEC_CONFIG_OWN = ("policy", "speculation", "topk", "num_draft_tokens", "spec_disable_batch_size")
+
+
+def merge_speculative_config(kw: dict) -> dict:
+    """`kw` with its `speculative_config` ({"method": "eagle3", "model": DIR,
+    "num_speculative_tokens": K, ...}, a dict or JSON text) spread into flat keywords.
+    A key the flat keywords also set, to another value, is an error."""
+    raw = kw["speculative_config"]
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError as e:
+            raise ValueError(f"--speculative-config must be a JSON object: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"--speculative-config must be a JSON object, got {raw!r}")
+    method = raw.get("method", "eagle3")
+    if method not in ("eagle3", "eagle"):
+        raise ValueError(f"--speculative-config method {method!r}: adaspec drafts with EAGLE-3 heads only "
+                         f"(method 'eagle3')")
+    out = {k: v for k, v in kw.items() if k != "speculative_config"}
+    for key, value in raw.items():
+        if key == "method":
+            continue
+        if key not in _SPEC_CONFIG_KEYS and key not in _SPEC_CONFIG_OWN:
+            raise ValueError(f"--speculative-config: unsupported key {key!r} (adaspec reads method, model, "
+                             f"num_speculative_tokens, {', '.join(_SPEC_CONFIG_OWN)})")
+        name = _SPEC_CONFIG_KEYS.get(key, "policy" if key == "speculation" else key)
+        if out.get(name) is not None and out[name] != value:
+            raise ValueError(f"--speculative-config sets {key}={value!r}, but the {name} option says "
+                             f"{out[name]!r}")
+        out[name] = value
+    return out
+
+
 def add_engine_cli_args(p: argparse.ArgumentParser) -> None:
-    """The engine options every command shares (serve, generate, compare)."""
+    """The engine options every command shares (serve, generate, compare), generated from the
+    option fields of the configs above."""
     p.add_argument("--model", default=None,
                    help="local Hugging Face model directory (default: the bundled demo pair, "
                         "its EAGLE-3 head as --draft and --speculation auto)")
-    p.add_argument("--tokenizer", default=None)
-    p.add_argument("--draft", default=None, help="EAGLE-3 head directory")
-    p.add_argument("--speculation", choices=SPECULATION_POLICIES, default=None,
-                   help="default: 'always' with a draft, else 'off'")
-    p.add_argument("--spec-disable-batch-size", type=int, default=None)
-    p.add_argument("--num-steps", type=int, default=3)
-    p.add_argument("--topk", type=int, default=1)
-    p.add_argument("--num-draft-tokens", type=int, default=None)
-    p.add_argument("--spec-simulate-accept-rate", type=float, default=None,
-                   help="benchmarking only: accept each draft token with this probability")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--kv-cache-memory", type=int, default=None, help="bytes")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.90)
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--long-prefill-token-threshold", type=int, default=0,
-                   help="while requests decode, cap a step's prefill tokens at this many (at least 4 per decode "
-                        "token); 0: paced by measurement so long prompts at most double running streams' "
-                        "inter-token latency")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "triton", "torch"])
-    p.add_argument("--enforce-eager", action="store_true", help="run without CUDA graphs")
-    p.add_argument("--no-overlap", dest="overlap", action="store_false",
-                   help="run steps one at a time (by default the CPU plans step N+1 while the GPU runs step N)")
-    p.add_argument("--generation-config", default="auto", choices=GENERATION_CONFIG_MODES,
-                   help="auto: sampling fields a request leaves out (temperature, top_p, top_k, min_p) "
-                        "default to the model's generation_config.json; none: to 1.0 / 1.0 / -1 / 0.0")
+    add_option_args(p, EngineConfig, CacheConfig, SchedulerConfig, SpecConfig)
+    # The policy's default depends on --draft, so the flag itself defaults to "not given".
+    p.set_defaults(speculation=None)
+    p.add_argument("--speculative-config", default=None,
+                   help='vLLM\'s form, beside the flags above: \'{"method": "eagle3", "model": DIR, '
+                        '"num_speculative_tokens": K}\' (also "topk", "num_draft_tokens", "policy")')
 
 
 def engine_kwargs_from_cli(a: argparse.Namespace) -> dict:
-    """Map parsed `add_engine_cli_args` flags to `EngineConfig.create` keywords."""
-    kw = dict(tokenizer=a.tokenizer, device=a.device, dtype=a.dtype, load_format=a.load_format,
-              seed=a.seed, block_size=a.block_size, num_blocks=a.num_kv_blocks,
-              memory_bytes=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
-              enable_prefix_caching=not a.no_prefix_caching, max_num_seqs=a.max_num_seqs,
-              max_num_batched_tokens=a.max_num_batched_tokens,
-              long_prefill_token_threshold=a.long_prefill_token_threshold, max_model_len=a.max_model_len,
-              served_model_name=a.served_model_name, generation_config=a.generation_config, draft=a.draft, num_steps=a.num_steps,
-              topk=a.topk, num_draft_tokens=a.num_draft_tokens,
-              spec_disable_batch_size=a.spec_disable_batch_size,
-              simulate_accept_rate=a.spec_simulate_accept_rate,
-              attention_backend=a.attention_backend, enforce_eager=a.enforce_eager, overlap=a.overlap)
-    if a.speculation is not None:
-        kw["policy"] = a.speculation
+    """Map parsed `add_engine_cli_args` flags to `EngineConfig.create` keywords. Values equal to
+    their default are left out, so --speculative-config can set what the flags did not."""
+    kw = kwargs_from_args(a, EngineConfig, CacheConfig, SchedulerConfig, SpecConfig)
+    if getattr(a, "speculative_config", None) is not None:
+        kw["speculative_config"] = a.speculative_config
     return kw

@@ -13,12 +13,24 @@ from pathlib import Path
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 
 
-def load_tokenizer(path: str | None):
+def load_tokenizer(path: str | None, chat_template: str | None = None):
+    """The tokenizer in directory `path` (None when it holds none). `chat_template` (a file
+    or the Jinja text itself, as vLLM's --chat-template takes) replaces the tokenizer's own."""
     if path is None or not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    if chat_template is not None:
+        tok.chat_template = read_chat_template(chat_template)
+    return tok
+
+
+def read_chat_template(value: str) -> str:
+    """`value` itself when it holds Jinja markup, else the text of the file it names."""
+    if ("{{" in value or "{%" in value) and not Path(value).is_file():
+        return value
+    return Path(value).read_text()
 
 
 def tokenize(tokenizer, prompt: str | list[int]) -> list[int]:

@@ -25,13 +25,18 @@ from adaspec.bench.sweep import Level, SweepConfig, run_sweep
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64"
 
-#: `add_engine_cli_args` destinations that `compare` forwards to every server unchanged.
-PASSTHROUGH_ENGINE_FLAGS = (
-    "tokenizer", "num_steps", "topk", "num_draft_tokens", "spec_simulate_accept_rate", "device",
-    "dtype", "load_format", "seed", "block_size", "num_kv_blocks", "kv_cache_memory",
-    "gpu_memory_utilization", "no_prefix_caching", "max_num_seqs", "max_num_batched_tokens",
-    "long_prefill_token_threshold",
-    "max_model_len", "served_model_name", "attention_backend", "enforce_eager", "generation_config")
+def _passthrough_dests() -> tuple[str, ...]:
+    """`add_engine_cli_args` destinations that `compare` forwards to every server unchanged:
+    all engine options but those a configuration decides (draft, policy, threshold)."""
+    from adaspec.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+    from adaspec.options import dest_of, option_fields
+
+    own = {"draft", "speculation", "spec_disable_batch_size"}
+    return tuple(dest_of(m) for k in (EngineConfig, CacheConfig, SchedulerConfig, SpecConfig)
+                 for _, m in option_fields(k) if m["flag"] and dest_of(m) not in own)
+
+
+PASSTHROUGH_ENGINE_FLAGS = _passthrough_dests()
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -244,8 +249,7 @@ def passthrough_flags(p: argparse.ArgumentParser, a: argparse.Namespace,
             continue
         flag = "--" + dest.replace("_", "-")
         if isinstance(value, bool):
-            if value:
-                words.append(flag)
+            words.append(flag if value else "--no-" + flag[2:])
         else:
             words += [flag, str(value)]
     return words

@@ -67,7 +67,7 @@ class Engine:
     def __init__(self, cfg: EngineConfig, runner: ModelRunner | None = None):
         self.config = cfg
         self.runner = runner if runner is not None else ModelRunner(cfg)
-        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, cfg.chat_template)
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
         bs = cfg.cache.block_size
         capacity = self.runner.num_blocks * bs - 1

@@ -92,7 +92,7 @@ class EngineProcess:
         self.vocab_size = info["vocab_size"]
         self.sampling_defaults = info["sampling_defaults"]
         self.draft_format = info["draft_format"]
-        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, cfg.chat_template)
         self._stats = info["stats"]
         self.last_heard = time.monotonic()
         self.death_cause: str | None = None
