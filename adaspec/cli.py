@@ -14,8 +14,12 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        from adaspec import __version__
+        print(f"adaspec {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: adaspec {" + ",".join(COMMANDS) + "} [options]\n")
+        print("usage: adaspec [--version] {" + ",".join(COMMANDS) + "} [options]\n")
         for name, (_, _, doc) in COMMANDS.items():
             print(f"  {name:10s} {doc}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2

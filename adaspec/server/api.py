@@ -1,6 +1,8 @@
 """The OpenAI-compatible HTTP API (FastAPI): the routes and the app factory.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+(GET /version, GET /v1/models/{id}, POST /tokenize, POST /detokenize, the X-Request-Id header
+and CORS: `server/routes_extra.py`),
 GET /metrics (Prometheus text), GET /server_info (JSON: configuration and engine stats; with an
 API key set, the model and draft directories appear as full paths only to a client sending it).
 No trailing-slash redirects (their Location would reflect the client's Host): "/health/" is a 404.
@@ -46,6 +48,7 @@ from adaspec.server.body import _error_path
 from adaspec.server.guard import RequestGuard
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError
+from adaspec.server import routes_extra
 from adaspec.server.serving import OpenAIServing, ServerSettings
 from adaspec.server.stats_log import log_stats_forever
 
@@ -155,4 +158,5 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
                     cfg[key] = os.path.basename(os.path.normpath(cfg[key]))
         return info
 
+    routes_extra.install(app, serving, settings)   # /version, /tokenize, ..., X-Request-Id, CORS
     return app

@@ -41,8 +41,9 @@ def check_paths(args: argparse.Namespace) -> str | None:
     loaded, or None. Models load from local directories only."""
     def hint(path: str) -> str:
         if "/" in path.strip("/") and not os.path.isabs(path) and not path.startswith("."):
-            return (f"; adaspec loads models from local directories: download it first, e.g. "
-                    f"`huggingface-cli download {path} --local-dir DIR`, then pass DIR")
+            return (f"; adaspec loads models from local directories only (no hub download): fetch it "
+                    f"first, e.g. `hf download {path} --local-dir DIR` (older huggingface_hub: "
+                    f"`huggingface-cli download {path} --local-dir DIR`), then pass DIR")
         return ""
 
     for flag, path, must_hold in (("--model", args.model, ("config.json",)),
@@ -76,6 +77,8 @@ def _load_engine(args: argparse.Namespace, process: bool = False):
 # ----- serve ------------------------------------------------------------------------------------------
 def build_serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="adaspec serve", description="Run the OpenAI-compatible server.")
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the model directory, as vLLM's `serve MODEL` (same as --model)")
     add_engine_cli_args(p)
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (logged at startup)")
@@ -88,6 +91,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
                    help="comma-separated Host header values the server answers, e.g. "
                         "'localhost,127.0.0.1,*.example.com' (others get 400, against DNS rebinding); "
                         "default: any")
+    p.add_argument("--allowed-origins", default=None,
+                   help="comma-separated origins browsers may call the API from (CORS), e.g. "
+                        "'https://app.example.com' or '*'; default: none (no CORS headers)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGINT/SIGTERM")
     p.add_argument("--api-key", default=os.environ.get("ADASPEC_API_KEY") or None,
@@ -101,7 +107,8 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--stall-timeout", type=float, default=5.0,
                    help="seconds without engine progress, with requests pending, after which "
                         "/health answers 503")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log level of the server (default: info)")
     p.add_argument("--disable-log-stats", action="store_true",
                    help="no periodic stats line (throughput, running/waiting, KV usage, speculation)")
     p.add_argument("--log-stats-interval", type=float, default=10.0,
@@ -144,8 +151,14 @@ def serve_main(argv: list[str]) -> int:
     """Exit status: 0 after a graceful stop; 1 the port cannot be bound, or the engine died while
     serving; 2 bad arguments (a value, a path, or a configuration the engine refuses at load);
     128 + N when a signal N stopped the start-up, or a second signal N cut the drain short."""
-    args = build_serve_parser().parse_args(argv)
+    p = build_serve_parser()
+    args = p.parse_args(argv)
     _setup_logging(args.log_level)
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            logger.error("the model is given twice: %s (positional) and --model %s", args.model_tag, args.model)
+            return 2
+        args.model = args.model_tag
     for name, value in (("--max-queue-len", args.max_queue_len), ("--max-request-bytes", args.max_request_bytes),
                         ("--client-timeout", args.client_timeout), ("--stall-timeout", args.stall_timeout),
                         ("--log-stats-interval", args.log_stats_interval)):
@@ -229,6 +242,10 @@ def _warn_if_context_cut(args: argparse.Namespace, engine) -> None:
                        engine.max_model_len, model_max)
 
 
+def _comma_list(text: str | None) -> tuple[str, ...]:
+    return tuple(h.strip() for h in (text or "").split(",") if h.strip())
+
+
 def _build_server(args: argparse.Namespace, engine, sock: socket.socket):
     import uvicorn
 
@@ -241,8 +258,8 @@ def _build_server(args: argparse.Namespace, engine, sock: socket.socket):
                               client_timeout_s=args.client_timeout, stall_timeout_s=args.stall_timeout,
                               max_prompts_per_request=args.max_prompts_per_request,
                               log_stats_interval_s=0.0 if args.disable_log_stats else args.log_stats_interval,
-                              allowed_hosts=tuple(h.strip() for h in (args.allowed_hosts or "").split(",")
-                                                  if h.strip()))
+                              allowed_hosts=_comma_list(args.allowed_hosts),
+                              allowed_origins=_comma_list(args.allowed_origins))
     app = create_app(engine, settings)
     aengine = app.state.aengine
     cfg = engine.config

@@ -61,6 +61,7 @@ class ServerSettings:
     # every place in it (more is a 400, since waiting would not help).
     max_prompts_per_request: int = 64
     allowed_hosts: tuple[str, ...] = ()      # Host header values accepted (empty: any); see guard.py
+    allowed_origins: tuple[str, ...] = ()    # CORS origins (empty: no CORS); see routes_extra.py
     log_stats_interval_s: float = 0.0        # the periodic stats line (server/stats_log.py); 0: off
 
 

@@ -40,9 +40,19 @@ def no_start(monkeypatch):
     (["--draft", "/no/such/head"], "--draft"),
     (["--speculation", "threshold", "--draft", "DRAFT"], "--spec-disable-batch-size"),
     (["--max-prompts-per-request", "0"], "--max-prompts-per-request"),
+    (["--num-gpu-blocks-override", "0"], "--num-gpu-blocks-override"),
+    (["--kv-cache-memory-bytes", "0"], "--kv-cache-memory-bytes"),
+    (["--device", "tpu"], "--device"),
+    (["--chat-template", "no-such-file.jinja"], "--chat-template"),
+    (["--speculative-config", '{"method": "ngram"}'], "--speculative-config"),
+    (["--speculative-config", '{"method": "eagle3", "model": "DRAFT", "num_speculative_tokens": 0}'],
+     "--num-steps"),
+    (["--speculative-config", '{"model": "DRAFT", "num_speculative_tokens": 4}', "--num-steps", "2"],
+     "--speculative-config"),
+    (["MODEL2"], "given twice"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_flag(model_dir, no_start, caplog, flags, named):
-    flags = [model_dir if f == "DRAFT" else f for f in flags]
+    flags = [f.replace("DRAFT", model_dir) if f != "MODEL2" else model_dir + "-other" for f in flags]
     assert cli.serve_main(["--model", model_dir, *flags]) == 2
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and named in errors[0].getMessage(), caplog.text
@@ -50,9 +60,42 @@ def test_bad_values_are_one_line_errors_naming_the_flag(model_dir, no_start, cap
 
 
 def test_hub_id_gets_a_hint(no_start, caplog):
-    assert cli.serve_main(["--model", "meta-llama/Llama-3.1-8B-Instruct"]) == 2
-    assert "local directories" in caplog.text and "huggingface-cli download meta-llama/Llama-3.1-8B-Instruct" \
-        in caplog.text
+    assert cli.serve_main(["meta-llama/Llama-3.1-8B-Instruct"]) == 2     # vLLM's positional MODEL
+    assert "local directories only" in caplog.text
+    assert "hf download meta-llama/Llama-3.1-8B-Instruct --local-dir DIR" in caplog.text
+    assert "huggingface-cli download" in caplog.text
+
+
+def test_vllm_spellings_and_version(model_dir, capsys):
+    """vLLM's flags map onto the same options as adaspec's older spellings; every flag has help."""
+    from adaspec.cli import main
+    from adaspec.config import EngineConfig, engine_kwargs_from_cli
+
+    def cfg(*words):
+        a = cli.build_serve_parser().parse_args(list(words))
+        return EngineConfig.create(a.model_tag or a.model, **engine_kwargs_from_cli(a))
+
+    new = cfg(model_dir, "--dtype", "half", "--no-enable-prefix-caching", "--num-gpu-blocks-override", "8",
+              "--kv-cache-memory-bytes", "4096", "--chat-template", "{{ messages[0].content }}",
+              "--speculative-config", f'{{"method": "eagle3", "model": "{model_dir}", "num_speculative_tokens": 5}}')
+    old = cfg("--model", model_dir, "--dtype", "float16", "--no-prefix-caching", "--num-kv-blocks", "8",
+              "--kv-cache-memory", "4096", "--chat-template", "{{ messages[0].content }}", "--draft", model_dir,
+              "--num-steps", "5")
+    assert new == old and new.dtype == "float16" and new.spec.num_steps == 5 and new.spec.policy == "always"
+    assert not new.cache.enable_prefix_caching and new.cache.num_blocks == 8
+    assert cfg(model_dir, "--dtype", "float").dtype == "float32"
+    undocumented = [a.option_strings for a in cli.build_serve_parser()._actions if not a.help]
+    assert undocumented == []
+    assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"adaspec {__import__('adaspec').__version__}"
+
+
+def test_chat_template_flag_replaces_the_tokenizers(model_dir, tmp_path):
+    from adaspec.tokenization import load_tokenizer
+    path = tmp_path / "t.jinja"
+    path.write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    for given in (str(path), path.read_text()):
+        tok = load_tokenizer(model_dir, given)
+        assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "[hi]"
 
 
 def test_a_context_cut_by_the_kv_cache_is_a_warning(model_dir, caplog):
