@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from adaspec.bench.client import ApiTarget, BenchError
+from adaspec.bench.client import ApiTarget, BenchError, server_root
 from adaspec.bench.configs import ServerConfig, check_flags, parse_configs, parse_policy, raising
 from adaspec.bench.datasets import Dataset, load_dataset
 from adaspec.bench.report import (compare_rows, compare_table, plot_runs, simulated_banner,
@@ -81,7 +81,8 @@ def add_bench_args(p: argparse.ArgumentParser, *, for_compare: bool = False) -> 
     g = p.add_argument_group("benchmark")
     if not for_compare:
         g.add_argument("--url", default="http://127.0.0.1:8000",
-                       help="server root, e.g. http://host:8000 (without /v1)")
+                       help="server root, e.g. http://host:8000 (a trailing /v1, the SDK's "
+                            "base_url, is dropped)")
         g.add_argument("--model", default=None,
                        help="model name to send (default: first id of GET /v1/models)")
         g.add_argument("--tokenizer", default=None,
@@ -197,6 +198,7 @@ def bench_main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="adaspec bench", description=bench_main.__doc__)
     add_bench_args(p)
     a = p.parse_args(list(argv))
+    a.url = server_root(a.url)
     try:
         cfg = _sweep_config(a)
         dataset = _dataset(a, a.tokenizer, None)

@@ -2,7 +2,7 @@
 
 `send_request` POSTs to ``{base_url}/v1/completions`` (or ``/v1/chat/completions``) with
 ``stream: true`` and ``stream_options: {include_usage: true}``, reads the server-sent events
-until ``data: [DONE]`` and returns a `RequestResult`. It never raises for request-level
+until ``data: [DONE]`` (decoded by httpx-sse) and returns a `RequestResult`. It never raises for request-level
 problems (HTTP errors, malformed events, time-outs, dropped connections): those become
 ``success=False`` with an ``error`` message, so a sweep always finishes.
 
@@ -17,9 +17,9 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import httpx
+from httpx_sse import SSEError, aconnect_sse
 
 from adaspec.bench.datasets import SampleRequest
 
@@ -47,6 +47,13 @@ class ApiTarget:
         return self.base_url.rstrip("/") + ENDPOINTS[self.endpoint]
 
 
+def server_root(url: str) -> str:
+    """`url` without trailing slashes or a trailing /v1 (the OpenAI SDK's base_url habit):
+    the routes are appended to the server's root (/v1/completions, /metrics)."""
+    url = url.rstrip("/")
+    return url[:-3].rstrip("/") if url.endswith("/v1") else url
+
+
 @dataclass
 class RequestResult:
     """Outcome of one request. Times are seconds; `start_time` is `time.perf_counter()` at
@@ -65,45 +72,6 @@ class RequestResult:
     generated_text: str = ""
     usage_reported: bool = False
     num_chunks: int = 0
-
-
-class SSEDecoder:
-    """Incremental server-sent-events decoder: feed it lines (without their newline) and it
-    returns each complete event's ``data`` (multi-line data joined with "\\n"), or None.
-    Comment lines (starting with ':') and non-data fields (event:, id:, retry:) are ignored."""
-
-    def __init__(self) -> None:
-        self._data: list[str] = []
-
-    def feed(self, line: str) -> str | None:
-        line = line.rstrip("\r")
-        if line == "":
-            return self.flush()
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        if name == "data":
-            self._data.append(value[1:] if value.startswith(" ") else value)
-        return None
-
-    def flush(self) -> str | None:
-        """The pending event's data, if any (call at end of stream)."""
-        if not self._data:
-            return None
-        data, self._data = "\n".join(self._data), []
-        return data
-
-
-def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
-    """Every event's data payload from an iterable of SSE lines, in order."""
-    dec = SSEDecoder()
-    for line in lines:
-        data = dec.feed(line)
-        if data is not None:
-            yield data
-    data = dec.flush()
-    if data is not None:
-        yield data
 
 
 def chunk_text(chunk: dict, endpoint: str) -> tuple[bool, str]:
@@ -154,24 +122,15 @@ async def _stream(client: httpx.AsyncClient, target: ApiTarget, body: dict,
     last = st
     text_parts: list[str] = []
     token_chunks = 0
-    async with client.stream("POST", target.url, json=body) as resp:
+    async with aconnect_sse(client, "POST", target.url, json=body) as source:
+        resp = source.response
         if resp.status_code != 200:
             detail = (await resp.aread()).decode("utf-8", "replace")[:500]
             res.error = f"HTTP {resp.status_code}: {detail}"
             return
-        dec = SSEDecoder()
         done = False
-
-        async def events():
-            async for line in resp.aiter_lines():
-                data = dec.feed(line)
-                if data is not None:
-                    yield data
-            tail = dec.flush()
-            if tail is not None:
-                yield tail
-
-        async for data in events():
+        async for event in source.aiter_sse():
+            data = event.data
             now = time.perf_counter()
             if data.strip() == "[DONE]":
                 done = True
@@ -227,6 +186,8 @@ async def send_request(client: httpx.AsyncClient, target: ApiTarget,
         await asyncio.wait_for(_stream(client, target, body, res), timeout=target.timeout_s)
     except asyncio.TimeoutError:
         res.success, res.error = False, f"timed out after {target.timeout_s:g}s"
+    except SSEError as e:   # a 200 that is not an event stream (an httpx error: caught first)
+        res.success, res.error = False, f"not a server-sent event stream: {e}"
     except httpx.HTTPError as e:
         res.success, res.error = False, f"{type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001 - a broken request must not stop the sweep

@@ -24,11 +24,11 @@ with or without its ``_total`` suffix.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from adaspec.bench.client import RequestResult
 
@@ -93,14 +93,6 @@ def level_metrics(results: Sequence[RequestResult], duration: float) -> dict:
 
 # --------------------------------------------------------------------------- Prometheus
 
-_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$")
-_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-
-
-def _unescape(v: str) -> str:
-    return v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
-
-
 @dataclass(frozen=True)
 class Sample:
     name: str
@@ -109,22 +101,13 @@ class Sample:
 
 
 def parse_prometheus_text(text: str) -> list[Sample]:
-    """All samples of a Prometheus text-format page; comments and unparsable lines skipped."""
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE_RE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        labels = {k: _unescape(v) for k, v in _LABEL_RE.findall(m.group(2) or "")}
-        out.append(Sample(m.group(1), labels, value))
-    return out
+    """All samples of a Prometheus text-format page (prometheus_client's parser). A page the
+    parser refuses gives no samples (the sweep then reports no speculation figures)."""
+    try:
+        return [Sample(s.name, dict(s.labels), float(s.value))
+                for fam in text_string_to_metric_families(text) for s in fam.samples]
+    except (ValueError, TypeError, IndexError):
+        return []
 
 
 def _total(samples: Iterable[Sample], name: str) -> float | None:

@@ -3,6 +3,7 @@ fake OpenAI-compatible server (FastAPI in a thread), independent of the engine."
 from __future__ import annotations
 
 import asyncio
+import httpx
 import json
 import math
 import sys
@@ -16,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from adaspec.bench import cli as bench_cli
-from adaspec.bench.client import (ApiTarget, SSEDecoder, build_payload, chunk_text, iter_sse_data,
+from adaspec.bench.client import (ApiTarget, build_payload, chunk_text,
                                   make_client, send_request)
 from adaspec.bench.datasets import (CodeDataset, JsonlDataset, RandomDataset, SampleRequest,
                                     load_dataset)
@@ -248,11 +249,15 @@ def _scaled(text: str, k: float) -> str:
 
 
 def test_prometheus_parse_labels_and_values():
-    s = parse_prometheus_text('a_total{x="1",y="q\\"uo,te"} 2.5 1700000000\n# c\nb +Inf\nbad line here\n'
+    s = parse_prometheus_text('a_total{x="1",y="q\\"uo,te"} 2.5 1700000000\n# c\nb +Inf\n'
                               'vllm:spec_decode_num_drafts_total{engine="0"} 7\n')
     assert [(x.name, x.labels, x.value) for x in s[:1]] == [("a_total", {"x": "1", "y": 'q"uo,te'}, 2.5)]
     assert s[1].name == "b" and math.isinf(s[1].value)
     assert s[2].name == "vllm:spec_decode_num_drafts_total" and s[2].value == 7
+    assert parse_prometheus_text("bad line here\n") == []
+    from adaspec.bench.client import server_root
+    assert [server_root(u) for u in ("http://h:8000/v1", "http://h:8000/v1/", "http://h:8000/", "http://h/v1x")] \
+        == ["http://h:8000", "http://h:8000", "http://h:8000", "http://h/v1x"]     # a page the parser refuses: no figures
 
 
 def test_spec_delta_adaspec():
@@ -306,12 +311,25 @@ def test_spec_delta_missing_and_degenerate():
 
 # ============================================================================ SSE
 
-def test_sse_decoder():
-    lines = [": keep-alive", "data: {\"a\": 1}", "", "data:{\"b\": 2}\r", "\r",
-             "event: message", "id: 7", "data: line1", "data: line2", "", "data: [DONE]"]
-    assert list(iter_sse_data(lines)) == ['{"a": 1}', '{"b": 2}', "line1\nline2", "[DONE]"]
-    d = SSEDecoder()
-    assert d.feed("data: x") is None and d.feed("") == "x" and d.feed("") is None and d.flush() is None
+def test_stream_reads_server_sent_events():
+    """The client's stream (httpx-sse): comments, multi-line data and CRLF endings are SSE."""
+    page = (': keep-alive\r\n\r\ndata: {"choices": [{"text": "a", "finish_reason": null}]}\r\n\r\n'
+            'event: message\nid: 7\ndata: {"choices": [{"text": "b",\ndata: "finish_reason": null}]}\n\n'
+            'data: {"choices": [], "usage": {"completion_tokens": 2, "prompt_tokens": 3}}\n\ndata: [DONE]\n\n')
+
+    def answer(request):
+        if request.url.path.startswith("/bad"):
+            return httpx.Response(200, text="{}", headers={"content-type": "application/json"})
+        return httpx.Response(200, text=page, headers={"content-type": "text/event-stream"})
+
+    async def run(url):
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            return await send_request(client, ApiTarget(base_url=url, model="m"),
+                                      SampleRequest(prompt=[1, 2, 3], prompt_len=3, output_len=2))
+    ok = asyncio.run(run("http://x"))
+    assert ok.success and ok.generated_text == "ab" and ok.output_tokens == 2 and ok.prompt_len == 3
+    bad = asyncio.run(run("http://x/bad"))
+    assert not bad.success and "not a server-sent event stream" in bad.error
 
 
 def test_chunk_text_classification():
