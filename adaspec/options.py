@@ -99,8 +99,15 @@ def check_fields(obj) -> None:
 
 
 def keyword_aliases(*klasses) -> dict[str, str]:
-    """Other keyword spellings -> field name, over `klasses`."""
-    return {a: f.name for k in klasses for f, m in option_fields(k) for a in m["kw_aliases"]}
+    """Other keyword spellings -> field name, over `klasses`: the `kw_aliases`, and every flag's
+    own name (--spec-auto-profile: spec_auto_profile), so a flag's keyword always works."""
+    out = {}
+    for k in klasses:
+        for f, m in option_fields(k):
+            for a in (*m["kw_aliases"], *((dest_of(m),) if m["flag"] else ())):
+                if a != f.name:
+                    out[a] = f.name
+    return out
 
 
 def dest_of(m: dict) -> str:

@@ -357,6 +357,15 @@ def build_generate_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _draft_lengths(engine) -> dict:
+    """{draft length: engine steps} of the run (one request, so its own; 0 = no draft, e.g.
+    the prefill step, or steps `auto` or the threshold ran without speculation)."""
+    try:
+        return {int(k): int(v) for k, v in (engine.stats().get("draft_len_histogram") or {}).items()}
+    except (AttributeError, TypeError, ValueError):
+        return {}
+
+
 def generate_main(argv: list[str]) -> int:
     from adaspec.sampling import SamplingParams
     from adaspec.tokenization import encode_chat, encode_text
@@ -418,6 +427,7 @@ def generate_main(argv: list[str]) -> int:
         spec = final.spec or {}
         summary += (f"\n[speculation {engine.config.spec.policy}: acceptance length "
                     f"{float(spec.get('accept_length', 0.0)):.2f} over {spec.get('verify_steps', 0)} verify steps, "
-                    f"{spec.get('accepted_tokens', 0)}/{spec.get('draft_tokens', 0)} draft tokens accepted]")
+                    f"{spec.get('accepted_tokens', 0)}/{spec.get('draft_tokens', 0)} draft tokens accepted; "
+                    f"engine steps by draft length {_draft_lengths(engine)}]")
     print(summary, file=sys.stderr)
     return 0

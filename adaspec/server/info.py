@@ -7,7 +7,7 @@ BUILTIN_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min
 
 
 def server_info(serving) -> dict:
-    """/server_info: the configuration in force and the engine's live stats."""
+    """/server_info: the configuration in force, the policy's state and the engine's live stats."""
     cfg = serving.aengine.config
     stats = dict(serving.aengine.stats)
     block_size = cfg.cache.block_size
@@ -31,6 +31,9 @@ def server_info(serving) -> dict:
             "generation_config": cfg.generation_config,
             "sampling_defaults": {**BUILTIN_SAMPLING_DEFAULTS, **serving.aengine.sampling_defaults},
         },
+        # What the policy knows now; for auto: its cost table (step_ms: draft length -> {batch
+        # size bucket: ms}), acceptance length per draft length (tau) and last goodputs.
+        "policy": {"name": spec.policy, **(stats.get("policy_state") or {})},
         "stats": {**stats, "avg_accept_length": stats.get("accept_length", 0.0),
                   "num_free_blocks": stats.get("num_free_blocks", 0), "num_total_blocks": total,
                   "num_inflight": serving.aengine.num_inflight},

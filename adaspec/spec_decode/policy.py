@@ -9,11 +9,15 @@ happened through `policy.observe(feedback)`, which is how `auto` learns.
 from __future__ import annotations
 
 import abc
+import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from adaspec.config import SpecConfig
 from adaspec.spec_decode.tree import DraftShape
+
+logger = logging.getLogger("adaspec.spec_decode")
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ class AutoPolicy(SpeculationPolicy):
     """
 
     name = "auto"
+    LOG_EVERY_S = 1.0
     BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
     def __init__(self, cfg: SpecConfig, margin: float = 0.05, ema: float = 0.15, probe_every: int = 100,
@@ -130,6 +135,7 @@ class AutoPolicy(SpeculationPolicy):
         self.steps_since_spec = 0
         self.last_goodputs: dict[int, float] = {}
         self.probes: set[int] = set()   # depths of probe steps decided, not yet observed
+        self._last_log, self._unlogged = -float("inf"), 0   # see _log_change
 
     # ---- estimates ------------------------------------------------------------------------
     def bucket(self, b: int) -> int:
@@ -184,6 +190,8 @@ class AutoPolicy(SpeculationPolicy):
             return self.shapes[self.depth]
         best = max(g, key=g.get)
         if self.depth not in g or g[best] > g[self.depth] * (1 + self.margin):
+            if best != self.depth:
+                self._log_change(self.depth, best, batch_size, g)
             self.depth = best
         # Probing: acceptance is only measured at depths that run, and an extrapolation from
         # shallower ones can keep a policy below a deeper draft that would pay. Once every
@@ -195,6 +203,23 @@ class AutoPolicy(SpeculationPolicy):
             self.probes.add(self.depth + 1)
             return self.shapes[self.depth + 1]
         return self.shapes[self.depth]
+
+    def _log_change(self, old: int, new: int, b: int, g: dict[int, float]) -> None:
+        """One INFO line per change of choice, with the numbers that made it. Changes less than
+        `LOG_EVERY_S` after the last line are counted into the next one instead (a batch size
+        hovering at a boundary must not flood the log; the stats line shows the state)."""
+        now = time.monotonic()
+        if now - self._last_log < self.LOG_EVERY_S:
+            self._unlogged += 1
+            return
+        step_ms = {d: round(1e3 * t, 3) for d in range(self.max_depth + 1)
+                   if (t := self.step_time(max(1, b), d)) is not None}
+        more = f" ({self._unlogged} more changes since the last line)" if self._unlogged else ""
+        logger.info("auto: draft length %d -> %d at batch size %d: expected tokens/s by draft length %s, "
+                    "acceptance length %s, step ms %s%s", old, new, b,
+                    {d: round(v, 1) for d, v in g.items()},
+                    {d: round(self.tau(d), 2) for d in range(self.max_depth + 1)}, step_ms, more)
+        self._last_log, self._unlogged = now, 0
 
     def _could_win(self, b: int, depth: int) -> bool:
         """Could depth+1 beat `depth` if the extra draft token were always accepted? A depth

@@ -165,3 +165,21 @@ def test_vllm_metric_names():
     assert got[("vllm:e2e_request_latency_seconds_count", tiny)] == 1
     assert got[("vllm:request_success_total", (("finished_reason", "length"), ("model_name", "tiny")))] == 1
     assert got[("adaspec_time_to_first_token_seconds_count", ())] == 1    # adaspec's own stay
+
+
+def test_server_info_shows_the_policys_cost_table():
+    from adaspec.config import EngineConfig
+    from adaspec.server.info import server_info
+    from adaspec.spec_decode.policy import AutoPolicy, StepFeedback
+
+    cfg = EngineConfig.create("m", draft="d", speculation="auto", num_steps=2, spec_auto_profile=False)
+    pol = AutoPolicy(cfg.spec)
+    pol.observe(StepFeedback(batch_size=4, num_tokens=12, draft_len=2, step_time=0.006,
+                             accepted_per_position=(3, 2), drafted_per_position=(4, 4)))
+    pol.decide(4)
+    aengine = SimpleNamespace(config=cfg, stats={"policy_state": pol.describe(), "num_total_blocks": 8},
+                              draft_format=None, max_model_len=64, sampling_defaults={}, num_inflight=0)
+    settings = SimpleNamespace(served_model_name="m", max_queue_len=8, max_prompts_per_request=4)
+    info = server_info(SimpleNamespace(aengine=aengine, settings=settings))
+    assert info["policy"]["name"] == "auto" and info["policy"]["step_ms"] == {"2": {4: 6.0}}
+    assert info["policy"]["tau"][0] == 1.0 and set(info["policy"]["goodput"]) == {2}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -310,6 +311,7 @@ def test_generate_cli_matches_server(server, dirs):
     stderr = out.stderr.decode()
     assert out.returncode == 0, stderr
     assert "acceptance length" in stderr and "10 generated" in stderr
+    assert re.search(r"engine steps by draft length \{0: \d+, [123]: \d+", stderr), stderr   # prefill, then drafts
     r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 10, "temperature": 0,
                                                          "ignore_eos": True}, timeout=60).json()
     # Bytes, not text: the random model may emit a "\r" that universal newlines would rewrite.

@@ -206,6 +206,22 @@ def test_auto_follows_batch_size_and_acceptance_collapse():
     assert d == 0 and step <= 40, step
 
 
+def test_auto_logs_each_change_with_its_numbers(caplog):
+    import logging
+    pol = auto_policy()
+    pol.LOG_EVERY_S = 0.0
+    with caplog.at_level(logging.INFO, logger="adaspec.spec_decode"):
+        feed(pol, 16, lambda d: 0.005 * (1 + 0.02 * d), rate=0.8)
+        assert pol.decide(16).num_nodes == 4
+        feed(pol, 64, lambda d: 0.010 * (1 + 1.5 * d), rate=0.8)
+        assert pol.decide(64) is None
+        pol.decide(64)                                    # no change: no line
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and lines[0].startswith("auto: draft length 0 -> 4 at batch size 16")
+    assert lines[1].startswith("auto: draft length 4 -> 0 at batch size 64: expected tokens/s by draft length {0: ")
+    assert "acceptance length {0: 1.0, 1: 1.8" in lines[1] and "step ms {0: 10.0, 1: 25.0" in lines[1]
+
+
 def test_auto_does_not_oscillate_on_noise():
     import random
     rng = random.Random(0)
