@@ -242,7 +242,8 @@ class Engine:
                 token_ids=req.output_token_ids, text=text, new_token_ids=new_ids, new_text=new_text,
                 finished=req.is_finished, finish_reason=req.finish_reason,
                 spec=req.spec_stats.as_dict() if req.is_finished else {},
-                num_cached_tokens=req.num_cached_tokens, error=req.error))
+                num_cached_tokens=req.num_cached_tokens, error=req.error,
+                queue_time=None if req.first_scheduled is None else req.first_scheduled - req.arrival))
             if req.is_finished:
                 self.requests.pop(req.request_id, None)
                 if req.finish_reason in ("stop", "length"):

@@ -98,6 +98,7 @@ class RequestOutput:
     spec: dict                 # the request's speculation figures (SpecStats.as_dict), final output only
     num_cached_tokens: int = 0
     error: str | None = None
+    queue_time: float | None = None  # seconds from arrival to first scheduled (set once scheduled)
 
     @property
     def prompt_tokens(self) -> int:
@@ -118,6 +119,7 @@ class Request:
         self.params = params
         self.eos_token_ids = eos_token_ids
         self.arrival = time.monotonic() if arrival is None else arrival
+        self.first_scheduled: float | None = None   # when it first left the waiting queue
         self.seed = seed
         self.status = Status.WAITING
         self.num_computed = 0

@@ -18,6 +18,7 @@ step either computes something or aborts a request that can never fit.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -201,6 +202,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             req.status = Status.RUNNING
+            if req.first_scheduled is None:
+                req.first_scheduled = time.monotonic()
             self.running.append(req)
             plan.scheduled.append(ScheduledRequest(req, num_new, None))
             req.in_flight += 1

@@ -189,7 +189,7 @@ class EngineProcess:
             waiting = self._out.poll(0)
 
     def _apply(self, d) -> RequestOutput | None:
-        rid, new_ids, new_text, finished, reason, error, cached, spec = d
+        rid, new_ids, new_text, finished, reason, error, cached, spec, queued = d
         live = self._live.get(rid)
         if live is None:          # aborted here meanwhile
             return None
@@ -203,7 +203,8 @@ class EngineProcess:
         return RequestOutput(request_id=rid, prompt_token_ids=live.prompt_token_ids,
                              token_ids=list(live.token_ids) if finished else live.token_ids,
                              text=live.text, new_token_ids=new_ids, new_text=new_text, finished=finished,
-                             finish_reason=reason, spec=spec, num_cached_tokens=cached, error=error)
+                             finish_reason=reason, spec=spec, num_cached_tokens=cached, error=error,
+                             queue_time=queued)
 
 
 def _ignore_sigint():
@@ -234,7 +235,7 @@ def _die_with_parent() -> None:
 
 def _delta(o: RequestOutput) -> tuple:
     return (o.request_id, o.new_token_ids, o.new_text, o.finished, o.finish_reason, o.error, o.num_cached_tokens,
-            o.spec)
+            o.spec, o.queue_time)
 
 
 def _engine_main(cfg: EngineConfig, cmd, out) -> None:
@@ -277,7 +278,7 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
                         engine.add_request(c[1], c[2], c[3])
                     except Exception as e:  # noqa: BLE001 - checked on the server side already
                         failed.append((c[1], [], None, True, "abort", f"the engine refused the request: {e}",
-                                       0, {}))
+                                       0, {}, None))
                 elif c[0] == "abort":
                     engine.abort_request(c[1])
                 elif c[0] == "stop":

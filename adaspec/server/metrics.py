@@ -23,7 +23,9 @@ labelled model_name, as vLLM labels them; request_success with finished_reason):
   {finished_reason}, vllm:spec_decode_num_drafts (verify steps), vllm:spec_decode_num_draft_tokens,
   vllm:spec_decode_num_accepted_tokens, vllm:spec_decode_num_accepted_tokens_per_pos{position}
   (counters); vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
-  vllm:e2e_request_latency_seconds (histograms, the same observations as adaspec's).
+  vllm:e2e_request_latency_seconds, vllm:request_{queue,prefill,decode,inference}_time_seconds,
+  vllm:request_prompt_tokens, vllm:request_generation_tokens (histograms, the same
+  observations as adaspec's adaspec_request_* ones; phases: see PHASES below).
 Inter-token latency is per token: an output that brings k tokens after a gap of d seconds counts
 k observations of d/k, so speculation that emits several tokens per step shows up as lower ITL.
 """
@@ -40,6 +42,15 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.0
                0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                60.0, 120.0, 240.0, 480.0)
+# Tokens per request: 1, 2, 5, 10, ... up to 1M (vLLM's 1-2-5 series).
+TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5) if m * 10 ** e <= 1_000_000)
+# The phases of a request (seconds), measured when it finishes:
+#   queue      arrival at the engine -> first scheduled (RequestOutput.queue_time)
+#   prefill    the rest of the time to the first token (prompt processing, and the server's
+#              tokenizing before the engine saw it)
+#   decode     first token -> last token
+#   inference  first scheduled -> last token
+PHASES = ("queue", "prefill", "decode", "inference")
 
 
 class EngineStatsCollector:
@@ -166,6 +177,20 @@ class ServerMetrics:
                                   ["model_name"], buckets=ITL_BUCKETS, registry=r).labels(model_name)
         self.vllm_e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.", ["model_name"],
                                   buckets=E2E_BUCKETS, registry=r).labels(model_name)
+        self.phase: dict[str, tuple] = {}
+        for phase in PHASES:
+            doc = f"Request {phase} time (see adaspec/server/metrics.py)."
+            self.phase[phase] = (
+                Histogram(f"adaspec_request_{phase}_time_seconds", doc, buckets=E2E_BUCKETS, registry=r),
+                Histogram(f"vllm:request_{phase}_time_seconds", doc, ["model_name"], buckets=E2E_BUCKETS,
+                          registry=r).labels(model_name))
+        self.request_tokens: dict[str, tuple] = {}
+        for kind in ("prompt", "generation"):
+            doc = f"{kind.capitalize()} tokens per finished request."
+            self.request_tokens[kind] = (
+                Histogram(f"adaspec_request_{kind}_tokens", doc, buckets=TOKEN_BUCKETS, registry=r),
+                Histogram(f"vllm:request_{kind}_tokens", doc, ["model_name"], buckets=TOKEN_BUCKETS,
+                          registry=r).labels(model_name))
         r.register(EngineStatsCollector(stats_fn, inflight_fn, model_name))
 
     def on_output(self, stream, out, now: float) -> None:
@@ -184,6 +209,25 @@ class ServerMetrics:
             self._finished(out.finish_reason or "unknown")
             self.e2e.observe(now - stream.arrival)
             self.vllm_e2e.observe(now - stream.arrival)
+            self._request_done(stream, out, now)
+
+    def _request_done(self, stream, out, now: float) -> None:
+        """The per-request histograms of a finished request (phases, token counts)."""
+        def observe(pair, value: float) -> None:
+            for h in pair:
+                h.observe(max(0.0, value))
+
+        observe(self.request_tokens["prompt"], len(getattr(out, "prompt_token_ids", None) or ()))
+        observe(self.request_tokens["generation"], len(getattr(out, "token_ids", None) or ()))
+        first = stream.first_token_time if stream.first_token_time is not None else now
+        if not getattr(out, "token_ids", None):   # nothing generated: no prefill or decode to time
+            return
+        queued = getattr(out, "queue_time", None)
+        queued = 0.0 if queued is None else queued
+        observe(self.phase["queue"], queued)
+        observe(self.phase["prefill"], first - stream.arrival - queued)
+        observe(self.phase["decode"], now - first)
+        observe(self.phase["inference"], now - stream.arrival - queued)
 
     def _finished(self, reason: str) -> None:
         self.request_success.labels(reason).inc()

@@ -45,6 +45,7 @@ def test_engine_process_matches_llm_and_aborts(llama_dir):
         assert [finals[str(i)].token_ids for i in range(3)] == ref
         assert all(streamed[str(i)] == ref[i] for i in range(3))
         assert finals["0"].prompt_token_ids == prompts[0] and finals["0"].finish_reason == "length"
+        assert all(0.0 <= finals[str(i)].queue_time < 60 for i in range(3))   # timed in the engine, sent over
         # An aborted request produces nothing more and its KV comes back.
         ep.add_request("long", prompts[0], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))
         ep.step(timeout=1.0)

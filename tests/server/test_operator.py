@@ -145,7 +145,8 @@ def test_vllm_metric_names():
     stream = SimpleNamespace(arrival=0.0, first_token_time=None, last_token_time=None)
     m.on_output(stream, SimpleNamespace(new_token_ids=[5], finished=False, finish_reason=None), 0.25)
     stream.first_token_time = stream.last_token_time = 0.25
-    m.on_output(stream, SimpleNamespace(new_token_ids=[6, 7], finished=True, finish_reason="length"), 0.45)
+    m.on_output(stream, SimpleNamespace(new_token_ids=[6, 7], finished=True, finish_reason="length",
+                                        prompt_token_ids=[1] * 7, token_ids=[5, 6, 7], queue_time=0.05), 0.45)
     got = {}
     for fam in text_string_to_metric_families(m.render().decode()):
         for s in fam.samples:
@@ -165,6 +166,13 @@ def test_vllm_metric_names():
     assert got[("vllm:e2e_request_latency_seconds_count", tiny)] == 1
     assert got[("vllm:request_success_total", (("finished_reason", "length"), ("model_name", "tiny")))] == 1
     assert got[("adaspec_time_to_first_token_seconds_count", ())] == 1    # adaspec's own stay
+    # The request's phases: queued 0.05 s, first token at 0.25 s, last at 0.45 s.
+    for phase, seconds in (("queue", 0.05), ("prefill", 0.20), ("decode", 0.20), ("inference", 0.40)):
+        assert got[(f"vllm:request_{phase}_time_seconds_sum", tiny)] == pytest.approx(seconds)
+        assert got[(f"adaspec_request_{phase}_time_seconds_count", ())] == 1
+    assert got[("vllm:request_prompt_tokens_sum", tiny)] == 7 and got[("vllm:request_generation_tokens_sum", tiny)] == 3
+    assert got[("vllm:request_prompt_tokens_bucket", (("le", "10.0"), ("model_name", "tiny")))] == 1
+    assert got[("vllm:request_prompt_tokens_bucket", (("le", "5.0"), ("model_name", "tiny")))] == 0
 
 
 def test_server_info_shows_the_policys_cost_table():
