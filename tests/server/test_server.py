@@ -299,6 +299,45 @@ def test_unknown_route_and_method(server):
     assert r.status_code == 405 and "error" in r.json()
 
 
+# ----- the Grafana dashboard against this live /metrics ------------------------------------------------
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless"}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads (label matchers, grouping clauses, ranges,
+    functions and numbers removed)."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)
+    expr = re.sub(r"\{[^}]*\}", "", expr)
+    expr = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", expr)
+    expr = re.sub(r"\[[^\]]*\]", "", expr)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", expr):
+        rest = expr[m.end():].lstrip()
+        if rest.startswith("(") or m.group() in PROMQL_WORDS:
+            continue
+        names.add(m.group())
+    return names
+
+
+@pytest.mark.slow
+def test_grafana_dashboard_queries_exist_in_live_metrics(server):
+    from prometheus_client.parser import text_string_to_metric_families
+    httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+                                                     "ignore_eos": True}, timeout=60)
+    httpx.post(server.url + "/v1/completions", json={"prompt": ""}, timeout=60)      # a rejection
+    page = httpx.get(server.url + "/metrics").text
+    samples = [s for fam in text_string_to_metric_families(page) for s in fam.samples]
+    live = {s.name for s in samples}
+    with open(os.path.join(REPO, "dashboards", "grafana_adaspec.json")) as f:
+        dash = json.load(f)
+    exprs = [t["expr"] for panel in dash["panels"] for t in panel["targets"]]
+    used = set().union(*map(promql_metric_names, exprs))
+    assert len(exprs) >= 20 and "adaspec_spec_accepted_per_position_total" in used
+    assert sorted(used - live) == [], "dashboard queries name metrics the server does not serve"
+    # The vLLM-named ones carry the model_name label the dashboard filters on.
+    assert all(s.labels.get("model_name") == MODEL_NAME for s in samples if s.name.startswith("vllm:"))
+
+
 # ----- generate from the shell ------------------------------------------------------------------------
 @pytest.mark.slow
 def test_generate_cli_matches_server(server, dirs):
