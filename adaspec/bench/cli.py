@@ -304,7 +304,8 @@ def compare_main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="adaspec compare", description=compare_main.__doc__)
     add_engine_cli_args(p)
     p.add_argument("--configs", default="off,always",
-                   help="comma-separated [LABEL=]POLICY[FLAGS], POLICY one of off, always, auto, "
+                   help="a JSON list (or .json file) of {\"label\", \"policy\", \"flags\": [...], \"request\": {...}}, "
+                        "or the short form: comma-separated [LABEL=]POLICY[FLAGS], POLICY one of off, always, auto, "
                         "threshold:N (speculate while at most N requests run), FLAGS `adaspec serve` "
                         "flags in brackets that override the shared ones (and --request-json JSON: "
                         "fields added to every request of that configuration), e.g. "

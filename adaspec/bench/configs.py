@@ -1,4 +1,13 @@
-"""The `--configs` language of `adaspec compare`: which servers to start, under which names.
+"""The `--configs` of `adaspec compare`: which servers to start, under which names.
+
+The full form is JSON (a list, or a .json file holding one), one object per server:
+
+    [{"label": "chain3", "policy": "always", "flags": ["--num-steps", "3"]},
+     {"policy": "threshold:8"},
+     {"label": "idle", "policy": "always", "request": {"speculate": false}}]
+
+("request": fields added to every request body of that configuration). The short form below
+remains for quick comparisons (`off,always,auto`); both give the same `ServerConfig`s.
 
     CONFIGS := ITEM ("," ITEM)*
     ITEM    := [LABEL "="] POLICY ["[" FLAGS "]"]
@@ -37,6 +46,7 @@ RESERVED_DESTS = {
     "speculation": "the configuration's policy sets it",
     "spec_disable_batch_size": "threshold:N sets it",
     "model": "compare passes --model to every server",
+    "model_tag": "compare passes --model to every server",
     "host": "compare picks the address",
     "port": "compare picks the port",
 }
@@ -191,9 +201,56 @@ def _take_request_json(item: str, flags: tuple[str, ...]) -> tuple[tuple[str, ..
     return tuple(rest), json.dumps(obj, sort_keys=True)
 
 
+JSON_KEYS = ("label", "policy", "flags", "request")
+
+
+def parse_json_item(obj, i: int) -> ServerConfig:
+    """One object of the JSON form: {"label"?: str, "policy": "off|always|auto|threshold:N",
+    "flags"?: [str] (or one shell-quoted string), "request"?: {fields added to every request}}."""
+    where = f"--configs item {i}"
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} must be an object, got {obj!r}")
+    unknown = sorted(set(obj) - set(JSON_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown} (use {', '.join(JSON_KEYS)})")
+    if not isinstance(obj.get("policy"), str):
+        raise ValueError(f"{where}: \"policy\" must be one of off, always, auto, threshold:N")
+    policy, n = parse_policy(obj["policy"])
+    text = f"threshold:{n}" if policy == "threshold" else policy
+    label = obj.get("label", text)
+    if not isinstance(label, str) or not LABEL_RE.fullmatch(label):
+        raise ValueError(f"{where}: bad label {label!r} (letters, digits and _ . + -, not starting with . + -)")
+    flags = obj.get("flags", [])
+    if isinstance(flags, str):
+        flags = shlex.split(flags)
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise ValueError(f"{where}: \"flags\" must be a list of strings")
+    request = obj.get("request")
+    if request is not None and (not isinstance(request, dict) or not request):
+        raise ValueError(f"{where}: \"request\" must be a non-empty object")
+    return ServerConfig(label=label, policy=policy, disable_bs=n, flags=tuple(flags),
+                        request_json=json.dumps(request, sort_keys=True) if request else None)
+
+
 def parse_configs(text: str) -> list[ServerConfig]:
-    """The whole `--configs` value; raises ValueError with a message fit for argparse."""
-    configs = [parse_item(i) for i in split_items(text)]
+    """The whole `--configs` value: a JSON list of objects (`parse_json_item`), the path of a
+    .json file holding one, or the short form above; raises ValueError with a message fit for
+    argparse."""
+    stripped = text.strip()
+    if stripped.endswith(".json") and not stripped.startswith("["):
+        try:
+            with open(stripped) as f:
+                stripped = f.read()
+        except OSError as e:
+            raise ValueError(f"--configs {text}: {e.strerror}") from None
+    if re.match(r"\[\s*[{\]]", stripped):   # a JSON list ("[--topk 2]" is the short form's error)
+        try:
+            items = json.loads(stripped)
+        except ValueError as e:
+            raise ValueError(f"--configs is not valid JSON: {e}") from None
+        configs = [parse_json_item(obj, i) for i, obj in enumerate(items)]
+    else:
+        configs = [parse_item(i) for i in split_items(text)]
     if not configs:
         raise ValueError("--configs is empty")
     seen: set[str] = set()
@@ -225,7 +282,10 @@ def given_dests(parser: argparse.ArgumentParser, words: list[str]) -> dict[str, 
         ns = parser.parse_args(words, namespace=argparse.Namespace(**{d: sentinel for d in dests}))
     except SystemExit:  # --help, --version
         raise ValueError(f"{shlex.join(words)!r} exits the parser (help?)") from None
-    return {k: v for k, v in vars(ns).items() if v is not sentinel}
+    # An optional positional (serve's MODEL) is always assigned: given only if not its default.
+    unset_positionals = {a.dest for a in parser._actions if not a.option_strings
+                         and getattr(ns, a.dest, None) == a.default}
+    return {k: v for k, v in vars(ns).items() if v is not sentinel and k not in unset_positionals}
 
 
 def check_flags(cfg: ServerConfig, serve_parser: argparse.ArgumentParser) -> dict[str, object]:

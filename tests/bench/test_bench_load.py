@@ -40,6 +40,23 @@ def test_configs_old_syntax_still_parses():
     assert bench_cli.parse_config("threshold:8") == ("threshold", 8)
 
 
+def test_configs_json_form_equals_the_short_form(tmp_path):
+    short = parse_configs("off,chain3=always[--num-steps 3],thr=threshold:8,"
+                          "idle=always[--request-json '{\"speculate\": false}']")
+    text = json.dumps([{"policy": "off"}, {"label": "chain3", "policy": "always", "flags": ["--num-steps", "3"]},
+                       {"label": "thr", "policy": "threshold:8"},
+                       {"label": "idle", "policy": "always", "request": {"speculate": False}}])
+    assert parse_configs(text) == short
+    path = tmp_path / "configs.json"
+    path.write_text(text)
+    assert parse_configs(str(path)) == short
+    for bad, match in (('[{"policy": "sometimes"}]', "unknown configuration"), ('[{"policy": "off", "x": 1}]',
+                       "unknown keys"), ('[{"policy": "off"}, {"policy": "off"}]', "repeats the label"),
+                       ('[{"policy": 1}]', "must be one of"), ("[{", "not valid JSON")):
+        with pytest.raises(ValueError, match=match):
+            parse_configs(bad)
+
+
 def test_configs_labels_and_flags():
     text = ("off,chain3=always[--num-steps 3 --topk 1],"
             "tree16=always[--num-steps 2 --topk 4 --num-draft-tokens 16],"
