@@ -28,7 +28,6 @@ init_std=0.05 greedy output settles into loops and repeats, and 300 CPU steps (~
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from dataclasses import asdict
@@ -72,14 +71,14 @@ def train_eagle3_head(target_dir: str | Path, out_dir: str | Path, *, num_thread
         torch.set_num_threads(before)
 
 
-def _lr_schedule(cfg: TrainConfig, total: int):
-    """Linear warm-up over the first 5% of `total` steps, then cosine to 0 at `total`."""
-    def lr_at(s: int) -> float:
-        warmup = max(1, total // 20)
-        if s < warmup:
-            return cfg.lr * (s + 1) / warmup
-        return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, total - warmup))))
-    return lr_at
+def _lr_schedule(cfg: TrainConfig, total: int, opt: torch.optim.Optimizer):
+    """lr at step s: linear warm-up over the first 5% of `total` steps, then cosine to 0 at
+    `total` (transformers' get_cosine_schedule_with_warmup). Read as a function of the step, not
+    stepped, because a resumed run starts mid-schedule and a time limit can shorten it."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    factor = get_cosine_schedule_with_warmup(opt, max(1, total // 20), total).lr_lambdas[0]
+    return lambda s: cfg.lr * factor(s)
 
 
 def _load_or_build_data(target_dir: Path, ckpt_dir: Path, cfg: TrainConfig, model, aux_layers, gen):
@@ -148,7 +147,7 @@ def _train(target_dir: Path, out_dir: Path, cfg: TrainConfig) -> dict:
     # `total` is the schedule's length: cfg.steps, or fewer once a time limit shows that
     # cfg.steps will not fit (measured over the first 20 steps), so the cosine still ends at 0.
     total = cfg.steps
-    lr_at = _lr_schedule(cfg, total)
+    lr_at = _lr_schedule(cfg, total, opt)
     save_dtype = torch.bfloat16 if amp == torch.bfloat16 else torch.float32
 
     def checkpoint(s):
@@ -176,7 +175,7 @@ def _train(target_dir: Path, out_dir: Path, cfg: TrainConfig) -> dict:
                 fits = first + 20 + int((cfg.time_limit_s - elapsed) / (elapsed / 20))
                 if fits < total:
                     total = max(step + 1, fits)
-                    lr_at = _lr_schedule(cfg, total)
+                    lr_at = _lr_schedule(cfg, total, opt)
                     bar.total = total
                     print(f"time limit: the schedule is shortened to {total} steps", file=sys.stderr, flush=True)
             if elapsed > cfg.time_limit_s:
