@@ -141,6 +141,7 @@ class Request:
         self.text = ""
         self.prefix_offset = 0
         self.read_offset = 0
+        self.decode_stream = None       # the detokenizer's DecodeStream (fast tokenizers)
         self.stop_checked_len = 0
         self.num_emitted_reported = 0
         self.text_reported = 0
