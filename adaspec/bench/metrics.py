@@ -122,13 +122,14 @@ def _total(samples: Iterable[Sample], name: str) -> float | None:
     return None
 
 
-def _per_position(samples: Iterable[Sample], name: str) -> dict[int, float]:
+def _per_position(samples: Iterable[Sample], name: str, label: str = "position") -> dict[int, float]:
+    """{integer label value: summed counter} of counter `name` (e.g. by draft position)."""
     for wanted in (name + "_total", name):
         by_pos: dict[int, float] = {}
         for s in samples:
-            if s.name == wanted and "position" in s.labels:
+            if s.name == wanted and label in s.labels:
                 try:
-                    pos = int(s.labels["position"])
+                    pos = int(s.labels[label])
                 except ValueError:
                     continue
                 by_pos[pos] = by_pos.get(pos, 0.0) + s.value
@@ -149,6 +150,7 @@ class SpecCounters:
     draft_tokens: float | None = None
     accepted_per_pos: dict[int, float] = field(default_factory=dict)
     drafted_per_pos: dict[int, float] | None = None
+    draft_len_steps: dict[int, float] | None = None   # engine steps by draft length (adaspec)
 
 
 _SCHEMAS = {
@@ -174,13 +176,15 @@ def spec_counters(text: str | None) -> SpecCounters | None:
         return SpecCounters(source=source, steps=steps, accepted=acc,
                             draft_tokens=_total(samples, draft_n),
                             accepted_per_pos=_per_position(samples, acc_pos_n),
-                            drafted_per_pos=_per_position(samples, drafted_pos_n) if drafted_pos_n else None)
+                            drafted_per_pos=_per_position(samples, drafted_pos_n) if drafted_pos_n else None,
+                            draft_len_steps=(_per_position(samples, "adaspec_spec_draft_len_steps", "draft_len")
+                                             if source == "adaspec" else None))
     return None
 
 
 SPEC_FIELDS = ("spec_metrics_source", "spec_verify_steps", "spec_draft_tokens",
                "spec_accepted_tokens", "acceptance_length", "acceptance_rate",
-               "per_position_acceptance_rate")
+               "per_position_acceptance_rate", "mean_draft_len")
 
 
 def spec_delta(before: SpecCounters | None, after: SpecCounters | None) -> dict:
@@ -202,6 +206,12 @@ def spec_delta(before: SpecCounters | None, after: SpecCounters | None) -> dict:
         out["spec_draft_tokens"] = int(round(drafted))
         if drafted > 0:
             out["acceptance_rate"] = acc / drafted
+    if after.draft_len_steps and before.draft_len_steps is not None:
+        # The draft length the policy chose, averaged over the interval's engine steps (0: none).
+        d = {k: v - before.draft_len_steps.get(k, 0.0) for k, v in after.draft_len_steps.items()}
+        n = sum(d.values())
+        if n > 0 and min(d.values()) >= 0:
+            out["mean_draft_len"] = sum(k * v for k, v in d.items()) / n
     if steps > 0:
         out["acceptance_length"] = 1.0 + acc / steps
         rates = []

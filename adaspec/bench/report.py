@@ -164,14 +164,16 @@ def write_json(path: str | os.PathLike, obj: Mapping) -> Path:
     return path
 
 
-PLOT_PANELS = (("output_throughput", None, "output throughput (tok/s)"),
+PLOT_PANELS = (("output_throughput", None, "output throughput (tok/s); n = requests per point"),
                ("median_tpot_ms", "p99_tpot_ms", "TPOT (ms): p50 solid, p99 dashed"),
                ("median_ttft_ms", "p99_ttft_ms", "TTFT (ms, log): p50 solid, p99 dashed"))
 
 
 def make_figure(runs: Mapping[str, Mapping], title: str = "", simulated: float | None = None):
-    """The figure `plot_runs` saves: three panels (output throughput, TPOT, TTFT on a log
-    scale) against the levels, one colour per run, p50 solid and p99 dashed. Closed-loop sweeps put concurrency
+    """The figure `plot_runs` saves: output throughput (each point labelled with its number of
+    completed requests), TPOT, TTFT on a log scale, and speculation (acceptance length solid,
+    the mean draft length the policy chose dotted, from the server's /metrics), against the
+    levels, one colour per run, p50 solid and p99 dashed. Closed-loop sweeps put concurrency
     on a log2 axis; open-loop ones put the rates on evenly spaced ticks."""
     import matplotlib
     matplotlib.use("Agg")
@@ -181,7 +183,7 @@ def make_figure(runs: Mapping[str, Mapping], title: str = "", simulated: float |
     closed = bool(order) and all(lv.get("mode", "closed") == "closed" and isinstance(lv.get("concurrency"), int)
                                  for _, lv in order)
     pos = {label: (lv["concurrency"] if closed else i) for i, (label, lv) in enumerate(order)}
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for n, (name, run) in enumerate(runs.items()):
         levels = run.get("levels") or []
@@ -195,8 +197,20 @@ def make_figure(runs: Mapping[str, Mapping], title: str = "", simulated: float |
                 if pts:
                     ax.plot([x for x, _ in pts], [y for _, y in pts], style, marker="o" if style == "-" else ".",
                             color=color, label=lab, alpha=1.0 if style == "-" else 0.6)
+        for lv in levels:   # requests per point, on the throughput panel
+            if lv.get("output_throughput") is not None and level_label(lv) in pos:
+                axes[0].annotate(f"n={lv.get('completed', lv.get('num_requests', '?'))}",
+                                 (pos[level_label(lv)], lv["output_throughput"]), fontsize=7, color=color,
+                                 textcoords="offset points", xytext=(0, 5), ha="center")
+        for field, style in (("acceptance_length", "-"), ("mean_draft_len", ":")):
+            pts = sorted((pos[level_label(lv)], lv[field]) for lv in levels
+                         if lv.get(field) is not None and level_label(lv) in pos)
+            if pts:
+                axes[3].plot([x for x, _ in pts], [y for _, y in pts], style, marker="o", color=color,
+                             label=f"{name}: {'acceptance length' if style == '-' else 'draft length chosen'}")
     ticks = [pos[label] for label, _ in order]
-    for ax, (_, _, ylabel) in zip(axes, PLOT_PANELS):
+    panel_labels = [label for _, _, label in PLOT_PANELS] + ["speculation: acceptance length (solid), draft length chosen (dotted)"]
+    for ax, ylabel in zip(axes, panel_labels):
         if closed:
             ax.set_xscale("log", base=2)
         ax.set_xticks(ticks)
@@ -210,8 +224,9 @@ def make_figure(runs: Mapping[str, Mapping], title: str = "", simulated: float |
                 ax.set_yscale("log")
         else:
             ax.set_ylim(bottom=0)
-    if axes[0].get_legend_handles_labels()[0]:
-        axes[0].legend(fontsize=8)
+    for ax in (axes[0], axes[3]):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     full_title = title
     if simulated is not None:
         full_title = (title + "\n" if title else "") + f"SIMULATED acceptance rate {simulated:g}"

@@ -260,6 +260,16 @@ def test_prometheus_parse_labels_and_values():
         == ["http://h:8000", "http://h:8000", "http://h:8000", "http://h/v1x"]     # a page the parser refuses: no figures
 
 
+def test_spec_delta_mean_draft_length():
+    page = ("adaspec_spec_verify_steps_total {v}\nadaspec_spec_accepted_tokens_total {a}\n"
+            'adaspec_spec_draft_len_steps_total{{draft_len="0"}} {d0}\n'
+            'adaspec_spec_draft_len_steps_total{{draft_len="3"}} {d3}\n')
+    before = spec_counters(page.format(v=10, a=10, d0=5, d3=10))
+    after = spec_counters(page.format(v=40, a=70, d0=15, d3=40))   # 10 steps at 0, 30 at 3
+    d = spec_delta(before, after)
+    assert d["mean_draft_len"] == pytest.approx(90 / 40) and d["acceptance_length"] == 3.0
+
+
 def test_spec_delta_adaspec():
     before = spec_counters(ADASPEC_TEXT)
     after = spec_counters(_scaled(ADASPEC_TEXT, 3.0))   # the level added 200 steps, 300 accepted

@@ -209,15 +209,20 @@ def test_p50_p99_in_rows_and_tables():
     assert row[6:10] == ["11.5", "34.5", "7.25", "14.50"]
 
 
-def test_plot_three_panels_log2_p99_dashed(tmp_path):
+def test_plot_panels_log2_p99_dashed_speculation_and_counts(tmp_path):
+    auto = [{**_lv(1, 200.0), "acceptance_length": 2.5, "mean_draft_len": 3.0, "completed": 8},
+            {**_lv(256, 800.0), "acceptance_length": 1.4, "mean_draft_len": 0.5, "completed": 64}]
     runs = {"off": {"levels": [_lv(1, 100.0), _lv(4, 300.0), _lv(256, 900.0)]},
-            "auto": {"levels": [_lv(1, 200.0), _lv(256, 800.0)]},
+            "auto": {"levels": auto},
             "dead": {"levels": [], "error": "x"}}
     fig = make_figure(runs, "T", simulated=0.8)
     axes = fig.axes
-    assert len(axes) == 3
-    assert [ax.get_xscale() for ax in axes] == ["log", "log", "log"]
-    assert [ax.get_yscale() for ax in axes] == ["linear", "linear", "log"]
+    assert len(axes) == 4
+    assert [ax.get_xscale() for ax in axes] == ["log", "log", "log", "log"]
+    assert [ax.get_yscale() for ax in axes] == ["linear", "linear", "log", "linear"]
+    # speculation panel: auto's acceptance length (solid) and chosen draft length (dotted)
+    assert [(list(ln.get_ydata()), ln.get_linestyle()) for ln in axes[3].lines] == [([2.5, 1.4], "-"), ([3.0, 0.5], ":")]
+    assert {t.get_text() for t in axes[0].texts} >= {"n=8", "n=64"}          # requests per point
     assert list(axes[0].get_xticks()) == [1, 4, 256]
     # throughput: one solid line per configuration with data; latency: p50 solid + p99 dashed
     assert [(ln.get_label(), ln.get_linestyle()) for ln in axes[0].lines] == [("off", "-"), ("auto", "-")]
