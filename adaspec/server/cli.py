@@ -171,7 +171,7 @@ def serve_main(argv: list[str]) -> int:
     try:
         from adaspec.demo import apply_demo_defaults
         apply_demo_defaults(args)
-        EngineConfig.create(args.model, **engine_kwargs_from_cli(args))   # every value checked here
+        cfg = EngineConfig.create(args.model, **engine_kwargs_from_cli(args))   # every value checked here
     except (ValueError, TypeError) as e:
         logger.error("%s", e)
         return 2
@@ -179,6 +179,11 @@ def serve_main(argv: list[str]) -> int:
     if problem is not None:
         logger.error("%s", problem)
         return 2
+    sched = cfg.scheduler
+    if sched.max_num_batched_tokens < sched.max_num_seqs:
+        logger.warning("--max-num-batched-tokens %d is below --max-num-seqs %d: a step cannot hold one token of "
+                       "every running request, so some wait each step (and speculation has no room)",
+                       sched.max_num_batched_tokens, sched.max_num_seqs)
     if args.tokenizer is None and not any(os.path.exists(os.path.join(args.model, f)) for f in TOKENIZER_FILES):
         logger.warning("%s has no tokenizer: only token-id prompts will work (pass --tokenizer DIR)", args.model)
     try:

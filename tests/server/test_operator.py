@@ -59,6 +59,12 @@ def test_bad_values_are_one_line_errors_naming_the_flag(model_dir, no_start, cap
     assert "\n" not in errors[0].getMessage()
 
 
+def test_a_step_budget_below_the_batch_is_a_warning(model_dir, no_start, caplog):
+    with pytest.raises(AssertionError, match="got past validation"):      # valid: it goes on to bind
+        cli.serve_main(["--model", model_dir, "--max-num-batched-tokens", "1"])
+    assert "--max-num-batched-tokens 1 is below --max-num-seqs 256" in caplog.text
+
+
 def test_hub_id_gets_a_hint(no_start, caplog):
     assert cli.serve_main(["meta-llama/Llama-3.1-8B-Instruct"]) == 2     # vLLM's positional MODEL
     assert "local directories only" in caplog.text
