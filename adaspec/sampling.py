@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from adaspec.structured.spec import StructuredOutput
+
 # Below this temperature a request is greedy (as vLLM treats it): dividing by a tinier one
 # overflows float32 and turns the distribution into NaNs.
 GREEDY_EPS = 1e-5
@@ -33,7 +35,8 @@ class SamplingParams:
     temperature 0 (or below 1e-5) means greedy. top_k <= 0 (or -1) disables top-k; top_p 1.0
     and min_p 0.0 disable those filters. `seed` makes a request's sampling reproducible
     regardless of what else is in the batch and of speculation. `speculate=False` opts the
-    request out of speculation; `max_draft_tokens` caps its draft budget.
+    request out of speculation; `max_draft_tokens` caps its draft budget. `structured`
+    constrains the output to a grammar (JSON, a JSON Schema, a regex, ...: adaspec/structured).
     """
 
     max_tokens: int = 16
@@ -47,6 +50,7 @@ class SamplingParams:
     ignore_eos: bool = False
     speculate: bool = True
     max_draft_tokens: int | None = None
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -75,6 +79,8 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise ValueError(f"structured must be a StructuredOutput, got {type(self.structured).__name__}")
 
     @property
     def greedy(self) -> bool:

@@ -9,7 +9,8 @@ With overlap (the default) the engine plans and launches step N+1 before it coll
 so the CPU work of one step hides behind the device work of the other. Step N+1 is planned as
 if every request of step N emitted one token; where N speculated, N+1 reserves KV for N's
 whole draft and the runner shifts N+1's positions on the device by what N really emitted. The
-engine waits for step N before planning only when the runner cannot shift (`plans_ahead`).
+engine waits for step N before planning only when the runner cannot shift (`plans_ahead`)
+or when step N samples a request whose output follows a grammar (`Engine._plans_ahead`).
 """
 from __future__ import annotations
 
@@ -95,6 +96,7 @@ class Engine:
         self.num_stalled_steps = 0
         self.stalled_since: float | None = None
         self.inflight = None    # the launched step not yet collected (overlap)
+        self.grammars = None    # structured.grammar.GrammarCache, built at the first constrained request
         if self.runner.draft is not None and hasattr(self.policy, "warm_up"):
             from adaspec.engine.profile import profile_step_times
             self.policy.warm_up(lambda shapes: profile_step_times(self, shapes))
@@ -143,10 +145,23 @@ class Engine:
         eos = set(self.runner.model_spec.eos_token_ids)
         seed = params.seed if params.seed is not None else random_seed(self.rng)
         req = Request(request_id, ids, params, eos, seed=seed)
+        if params.structured is not None:
+            req.grammar = self.grammar_cache().matcher(params.structured)
         self.requests[request_id] = req
         self.scheduler.add(req)
         self.counters["prompt_tokens"] += len(ids)
         return request_id
+
+    def grammar_cache(self):
+        """The engine's compiled grammars (built at first use: xgrammar loads only then)."""
+        if self.grammars is None:
+            if self.tokenizer is None:
+                raise ValueError("structured outputs need the model's tokenizer")
+            from adaspec.structured.grammar import GrammarCache
+
+            self.grammars = GrammarCache.from_tokenizer(self.tokenizer, self.vocab_size,
+                                                        list(self.runner.model_spec.eos_token_ids))
+        return self.grammars
 
     def abort_request(self, request_id: str) -> None:
         req = self.scheduler.abort(request_id)
@@ -161,7 +176,7 @@ class Engine:
         """Run one step; return incremental outputs of the requests that changed. With overlap
         these are the outputs of the previous step, collected after this one was launched."""
         changed: list[Request] = []
-        if self.inflight is not None and not self.runner.plans_ahead(self.inflight.plan):
+        if self.inflight is not None and not self._plans_ahead(self.inflight.plan):
             changed += self._collect()
         plan = self.scheduler.schedule()
         if self.inflight is not None and plan.empty:
@@ -185,6 +200,13 @@ class Engine:
         if not self.config.overlap:
             changed += self._collect()
         return self._outputs(failed + changed)
+
+    def _plans_ahead(self, plan: StepPlan) -> bool:
+        """Whether the next step may be planned before `plan` is read back. Not when `plan`
+        samples a request with a grammar: the next step's bitmask is built from the matcher
+        advanced by this step's tokens (steps without a grammar keep the overlap)."""
+        return self.runner.plans_ahead(plan) and not any(s.samples and s.req.grammar is not None
+                                                         for s in plan.scheduled)
 
     def _collect(self) -> list[Request]:
         """Wait for the launched step, apply its results; the requests that changed."""

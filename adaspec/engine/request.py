@@ -137,6 +137,7 @@ class Request:
         self.pending = 0                # tokens emitted by a launched step, not yet read back
         self.in_flight = 0              # planned steps whose results are not yet applied
         self.spec_ahead = 0             # extra tokens a launched, unread speculative step may emit
+        self.grammar = None             # structured.grammar.RequestGrammar of a constrained output
         # detokenizer state
         self.text = ""
         self.prefix_offset = 0

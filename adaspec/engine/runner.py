@@ -40,6 +40,7 @@ from adaspec.engine.verify_step import PostForward, stage_verify, verify_inputs
 from adaspec.layers.attention import ForwardContext, forward_context, get_backend
 from adaspec.models.loader import load_model
 from adaspec.spec_decode.drafter import TreeDrafter
+from adaspec.structured.bitmask import step_bitmask
 
 CPU_DEFAULT_KV_BYTES = 128 * 2**20
 log = logging.getLogger("adaspec")
@@ -296,9 +297,11 @@ class ModelRunner:
         sim = self.cfg.spec.simulate_accept_rate if N > 1 else None
         # Everything after the forward replays as one graph when the forward does, every
         # request is a decoder that samples, and every row is greedy.
+        grammars = [sched[i].req.grammar for i in lay.verify]
+        constrained = any(g is not None for g in grammars)
         post = None
         if graph is not None and len(lay.verify) == len(sched) and all(L.n_new == 1 for L in lay.reqs) \
-                and all(p.greedy for p in params):
+                and all(p.greedy for p in params) and not constrained:
             post = self.graphs.post_graph(graph, D, "sim" if sim is not None else "greedy")
         if extra:  # padding requests of the captured batch size: no keys, no KV writes
             fi.pad(extra, fi.q_lens[0], lay.tree)
@@ -321,7 +324,8 @@ class ModelRunner:
         if self.draft is not None:
             refresh = refresh_entries(sched, lay.reqs, D if post is not None else None, vpad, N, self.rows.pad_row,
                                       self.block_size)
-        vb = stage_verify(stg, verify_inputs(lay, vpad, self.rows.pad_row, rows),
+        vi = verify_inputs(lay, vpad, self.rows.pad_row, rows)
+        vb = stage_verify(stg, vi,
                           self._sim_draws(len(lay.verify), vpad, N, sim), refresh, N, D, lay.tree,
                           params, [sched[i].req.seed for i in lay.verify])
         if refresh is not None:
@@ -348,18 +352,51 @@ class ModelRunner:
         if trees is not None:
             self.trees.run(trees, self.rows.draft_hidden, meta, ids_d, pos_d, vb.tokens.t, vb.parents.t, vb.limit.t)
 
+        drafts = self._read_drafts(vb) if constrained and lay.drafting else None
+
         # ---- target forward ----
         if graph is not None:
             hidden, aux = graph.replay()
         else:
             with forward_context(ForwardContext(meta, self.backend, self.kv_caches)):
                 hidden, aux = self.model(ids_d, pos_d)
+        if constrained:   # the masks are filled on the host while the forward runs
+            vb.grammar = self._grammar_masks(grammars, drafts, vi.limit, N, lay.tree)
         if not lay.verify:
             if vb.refresh is not None:
                 self.post.refresh.run(vb.refresh, aux)
             return lay, None
         # ---- verify, commit, output (one graph, or the same work eagerly) ----
         return lay, (post.replay() if post is not None else self.post(hidden, aux, pos_d, vb))
+
+    def _read_drafts(self, vb):
+        """Start copying the step's drafts (tokens, parents, limits) to the host; returns
+        (host tensors, the event that says they are there)."""
+        src = (vb.tokens.t, vb.parents.t, vb.limit.t)
+        if self.device.type != "cuda":
+            return [t.clone() for t in src], None
+        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in src]
+        for h, t in zip(host, src):
+            h.copy_(t, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        return host, ev
+
+    @staticmethod
+    def _grammar_masks(grammars: list, drafts, host_limit: np.ndarray, N: int, tree: bool):
+        """(bitmask, rows, vocab) of the step's grammar rows (`structured.bitmask`): waits for
+        the drafts when the step has any (their tokens pick each node's grammar state)."""
+        tokens = parents = None
+        limit = host_limit
+        if drafts is not None:
+            host, ev = drafts
+            if ev is not None:
+                ev.synchronize()
+            tokens, parents, limit = (t.numpy() for t in host)
+            parents = parents if tree else None
+        vocab = next(g.vocab_size for g in grammars if g is not None)
+        mask, rows = step_bitmask(grammars, vocab, N, tokens, parents, limit)
+        return mask, rows, vocab
 
     def _sim_draws(self, B: int, pad: int, N: int, rate) -> np.ndarray | None:
         """Simulated acceptance: whether each draft of B requests is accepted (padding rows

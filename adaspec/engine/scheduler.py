@@ -331,6 +331,14 @@ class Scheduler:
 
     def _stop_reason(self, req: Request, tok: int) -> str | None:
         p = req.params
+        if req.grammar is not None:
+            # Every emitted token is one the step's bitmask allowed, so the matcher accepts it;
+            # a complete grammar (its stop token accepted) ends the request, ignore_eos or not.
+            if not req.grammar.accept(tok):
+                req.error = f"internal error: token {tok} breaks the request's grammar"
+                return "abort"
+            if req.grammar.done:
+                return "stop"
         if (tok in req.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
             return "stop"
         if self.detokenizer is not None and self.detokenizer.update(req):

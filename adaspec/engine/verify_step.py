@@ -1,6 +1,6 @@
 """Everything after the target forward, on the device: the LM head on the verify rows, the
 target's choice at every node (`sampling.choose`), verification (`spec_decode.verifier`, or
-simulated acceptance in benchmarks), each request's last token and count (for the step
+simulated acceptance in benchmarks) under each grammar request's token bitmask, each request's last token and count (for the step
 planned before this one is read), accepted tree KV moved into place, the draft KV refreshed.
 `PostForward` is captured as is by the post CUDA graphs (greedy and simulated batches).
 
@@ -19,6 +19,7 @@ from adaspec.device.staging import Staging
 from adaspec.engine.draft_refresh import DraftRefresh, RefreshBatch, RefreshEntries, stage_refresh
 from adaspec.sampling import SamplingBatch, choose
 from adaspec.spec_decode.simulated import simulate
+from adaspec.structured.bitmask import apply_bitmask
 from adaspec.spec_decode.verifier import verify
 
 
@@ -76,6 +77,7 @@ class VerifyBatch:
     N: int
     D: int
     tree: bool
+    grammar: tuple | None = None   # (bitmask, rows, vocab size) of grammar rows (structured.bitmask)
 
 
 def stage_verify(stg: Staging, vi: VerifyInputs, accept: np.ndarray | None, refresh: RefreshEntries | None,
@@ -109,6 +111,8 @@ class PostForward:
         vrows, src, limit = b.rows.t, b.src.t, b.limit.t
         Bv, N = vrows.shape
         logits = self.lm_head(hidden[vrows.reshape(-1)]).view(Bv * N, -1)
+        if b.grammar is not None:   # before every choice: drafts, bonus and plain tokens obey it
+            apply_bitmask(logits, *b.grammar)
         sampling = None
         if b.sampling is not None:
             sampling = SamplingBatch.of(b.params, [], logits.device, {k: r.t for k, r in b.sampling.items()})
