@@ -17,6 +17,8 @@ from adaspec.structured.spec import StructuredOutput
 log = logging.getLogger("adaspec")
 
 CACHE_SIZE = 256
+_LOOSE_CHAR = '[^\\"\\\\\\r\\n]'      # [^\"\\\r\n] as xgrammar prints it
+_JSON_CHAR = '[^\\0-\\x1f\\"\\\\]'
 
 
 class RequestGrammar:
@@ -85,7 +87,11 @@ class GrammarCache:
         if spec.kind == "json":
             return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
         if spec.kind == "json_schema":
-            return c.compile_json_schema(spec.value, any_whitespace=False, strict_mode=True)
+            g = self.xgr.Grammar.from_json_schema(spec.value, any_whitespace=False, strict_mode=True)
+            # xgrammar (0.2.9) writes length-bounded strings (maxLength) with a character class
+            # that lets raw control characters through, which JSON forbids: exclude them as its
+            # unbounded strings do.
+            return c.compile_grammar(str(g).replace(_LOOSE_CHAR, _JSON_CHAR))
         if spec.kind == "regex":
             return c.compile_regex(spec.value)
         if spec.kind == "choice":
