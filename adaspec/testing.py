@@ -23,9 +23,19 @@ ARCH_CONFIGS = {
     "mistral": ("MistralForCausalLM", "MistralConfig", {"sliding_window": None}),
 }
 
+# Plain turns render as <|role|>content</s>. Tool-capable (Hermes style): the tool definitions
+# in a system turn, assistant tool calls as <tool_call>{"name", "arguments"}</tool_call>, tool
+# turns as <|tool|>; `continue_final` leaves the last turn open, `greet` appends HI (template
+# switches for the tests of chat_template_kwargs).
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    "{% if tools %}<|system|>Tools:{% for t in tools %} {{ t | tojson }}{% endfor %}</s>{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' and m.get('tool_calls') %}<|assistant|>{% for c in m['tool_calls'] %}"
+    "<tool_call>{\"name\": \"{{ c['function']['name'] }}\", \"arguments\": {{ c['function']['arguments'] | tojson }}}"
+    "</tool_call>{% endfor %}</s>"
+    "{% elif m['role'] == 'tool' %}<|tool|>{{ m['content'] }}</s>"
+    "{% else %}<|{{ m['role'] }}|>{{ m['content'] }}{% if not (loop.last and continue_final) %}</s>{% endif %}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}{% if greet %}HI{% endif %}"
 )
 
 _CORPUS = [

@@ -52,9 +52,15 @@ def has_chat_template(tokenizer) -> bool:
     return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
 
 
-def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+def render_chat(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> str:
+    """The chat template's text for `messages`; `template_kwargs` go to the template (tools,
+    add_generation_prompt (default True), continue_final_message, and any the template reads)."""
+    kw = {"add_generation_prompt": True, **(template_kwargs or {})}
+    return tokenizer.apply_chat_template(messages, tokenize=False, **kw)
+
+
+def encode_chat(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
     """Raises ValueError if there is no chat template; the template's own errors pass through."""
     if not has_chat_template(tokenizer):
         raise ValueError("this model's tokenizer has no chat template")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(render_chat(tokenizer, messages, template_kwargs), add_special_tokens=False))

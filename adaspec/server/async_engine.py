@@ -155,6 +155,15 @@ class AsyncEngine:
         return getattr(self.engine, "vocab_size", None)
 
     @property
+    def eos_token_ids(self) -> list[int]:
+        """The model's stop tokens (what ends a grammar's output)."""
+        ids = getattr(self.engine, "eos_token_ids", None)
+        if ids is None:   # an in-process Engine
+            runner = getattr(self.engine, "runner", None)
+            ids = getattr(getattr(runner, "model_spec", None), "eos_token_ids", None)
+        return list(ids or [])
+
+    @property
     def stalled_for(self) -> float | None:
         """Seconds the engine has gone without progress while requests are pending, once that
         exceeds `stall_timeout_s`; else None (see "Liveness" in the module docstring)."""

@@ -15,13 +15,15 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from adaspec.server.protocol import (APIError, ChatCompletionRequest, ChatMessage, CompletionRequest,
-                                     StreamOptions, TextPart)
+from adaspec.server.protocol import (APIError, ChatCompletionRequest, ChatMessage, CompletionRequest, FunctionDef,
+                                     NamedFunction, NamedToolChoice, StreamOptions, TextPart, Tool, ToolCall,
+                                     ToolCallFunction)
 
 MAX_JSON_DEPTH = 32                      # request bodies are a few levels deep; thousands is an attack
 _SURROGATE = re.compile("[\ud800-\udfff]")  # a lone one: JSON lets "\ud800" through, UTF-8 cannot hold it
 
-_FIELD_NAMES = {name for model in (CompletionRequest, ChatCompletionRequest, ChatMessage, TextPart, StreamOptions)
+_FIELD_NAMES = {name for model in (CompletionRequest, ChatCompletionRequest, ChatMessage, TextPart, StreamOptions,
+                                   Tool, FunctionDef, ToolCall, ToolCallFunction, NamedToolChoice, NamedFunction)
                 for name in model.model_fields}
 
 

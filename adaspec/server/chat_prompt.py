@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import secrets
 
-from adaspec.tokenization import encode_chat
+from adaspec.tokenization import encode_chat, render_chat
 
 
 def special_token_texts(tokenizer) -> dict[str, object]:
@@ -31,18 +31,18 @@ def special_token_texts(tokenizer) -> dict[str, object]:
     return out
 
 
-def encode_chat_untrusted(tokenizer, messages: list[dict]) -> list[int]:
+def encode_chat_untrusted(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
     """Token ids of the chat prompt for `messages` ({"role", "content"} dicts, content a str)
     where no message content can produce a special (control) token. ValueError when the
     template rejects the messages or inserts content with special-token text other than
-    verbatim."""
+    verbatim. `template_kwargs`: as `tokenization.render_chat`."""
     specials = special_token_texts(tokenizer)
     marked = [i for i, m in enumerate(messages) if any(s in (m.get("content") or "") for s in specials)]
     if not marked:
-        return encode_chat(tokenizer, messages)
+        return encode_chat(tokenizer, messages, template_kwargs)
 
     def render(msgs: list[dict]) -> str:
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return render_chat(tokenizer, msgs, template_kwargs)
 
     text = render(messages)
     nonce = secrets.token_hex(8)

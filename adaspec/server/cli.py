@@ -81,6 +81,8 @@ def build_serve_parser() -> argparse.ArgumentParser:
                    help="the model directory, as vLLM's `serve MODEL` (same as --model)")
     add_engine_cli_args(p)
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 for all)")
+    p.add_argument("--tool-call-parser", choices=["hermes", "llama3_json", "mistral"], default=None,
+                   help="how tool calls are read out of the model's text (default: the model family's)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (logged at startup)")
     p.add_argument("--max-queue-len", type=int, default=1024,
                    help="requests in flight (waiting + running) beyond which new ones get 503 + Retry-After")
@@ -263,6 +265,7 @@ def _build_server(args: argparse.Namespace, engine, sock: socket.socket):
                               client_timeout_s=args.client_timeout, stall_timeout_s=args.stall_timeout,
                               max_prompts_per_request=args.max_prompts_per_request,
                               log_stats_interval_s=0.0 if args.disable_log_stats else args.log_stats_interval,
+                              tool_call_parser=args.tool_call_parser,
                               allowed_hosts=_comma_list(args.allowed_hosts),
                               allowed_origins=_comma_list(args.allowed_origins))
     app = create_app(engine, settings)

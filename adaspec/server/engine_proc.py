@@ -90,6 +90,7 @@ class EngineProcess:
         info = msg[1]
         self.max_model_len = info["max_model_len"]
         self.vocab_size = info["vocab_size"]
+        self.eos_token_ids = info.get("eos_token_ids", [])
         self.sampling_defaults = info["sampling_defaults"]
         self.draft_format = info["draft_format"]
         self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, cfg.chat_template)
@@ -256,6 +257,7 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
     draft = getattr(engine.runner, "draft", None)
     try:
         out.send(("ready", {"max_model_len": engine.max_model_len, "vocab_size": engine.vocab_size,
+                            "eos_token_ids": list(engine.runner.model_spec.eos_token_ids),
                             "sampling_defaults": dict(engine.sampling_defaults),
                             "draft_format": draft.fmt.layout if draft is not None else None,
                             "stats": engine.stats()}))

@@ -9,7 +9,9 @@ Contract:
     accepted only at their neutral value (e.g. `logprobs: null`, `echo: false`); anything else
     is a 400 naming the field, rather than silently returning something different.
   * Extras beyond OpenAI (vLLM spelling): top_k, min_p, ignore_eos, stop_token_ids,
-    speculate (per-request opt-out of speculation), max_draft_tokens, return_token_ids.
+    speculate (per-request opt-out of speculation), max_draft_tokens, return_token_ids,
+    structured_outputs / guided_*, chat_template_kwargs, add_generation_prompt,
+    continue_final_message, stream_options.continuous_usage_stats.
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False   # vLLM: usage so far on every chunk
 
 
 class _SamplingFields(_Strict):
@@ -80,6 +83,16 @@ class _SamplingFields(_Strict):
     speculate: StrictBool = True
     max_draft_tokens: Int64 | None = None
     return_token_ids: StrictBool = False
+    # Structured outputs (server/structured_request.py): OpenAI's response_format, vLLM's
+    # structured_outputs and its older guided_* spelling.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: StrictStr | dict[str, Any] | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None
+    guided_decoding_backend: StrictStr | None = None
+    guided_whitespace_pattern: StrictStr | None = None
 
     def _common_unsupported(self) -> tuple[str, str] | None:
         if self.presence_penalty not in (None, 0):
@@ -119,10 +132,44 @@ class TextPart(_Strict):
     text: StrictStr
 
 
+class ToolCallFunction(_Strict):
+    name: StrictStr
+    arguments: StrictStr = ""
+
+
+class ToolCall(_Strict):
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class FunctionDef(_Strict):
+    name: Annotated[StrictStr, Field(min_length=1, max_length=256)]
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: StrictStr
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None     # assistant turns that called tools
+    tool_call_id: StrictStr | None = None        # tool turns: the call they answer
 
     def text(self) -> str:
         if self.content is None:
@@ -141,16 +188,17 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: Int64 | None = None
     logprobs: StrictBool | None = None
     top_logprobs: Int64 | None = None
-    tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
+    # vLLM extras for the chat template
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.logprobs:
             return "logprobs", "logprobs is not supported"
         if self.top_logprobs:
             return "top_logprobs", "top_logprobs is not supported"
-        if self.tools:
-            return "tools", "tools are not supported"
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format", "only response_format {'type': 'text'} is supported"
         return self._common_unsupported()

@@ -34,6 +34,9 @@ from adaspec.engine.request import RequestOutput
 from adaspec.sampling import SamplingParams
 from adaspec.server.async_engine import AsyncEngine, EngineError, RequestStream
 from adaspec.server.body import parse_body
+from adaspec.server.chat_tools import ToolOutput, chat_messages, default_parser_name, template_kwargs
+from adaspec.server.structured_request import structured_of, tool_grammar, tool_mode
+from adaspec.server.tool_parsers import get_tool_parser
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from adaspec.server.streaming import stream_response
@@ -63,12 +66,14 @@ class ServerSettings:
     allowed_hosts: tuple[str, ...] = ()      # Host header values accepted (empty: any); see guard.py
     allowed_origins: tuple[str, ...] = ()    # CORS origins (empty: no CORS); see routes_extra.py
     log_stats_interval_s: float = 0.0        # the periodic stats line (server/stats_log.py); 0: off
+    tool_call_parser: str | None = None      # server/tool_parsers.py name; None: the model family's
 
 
 @dataclass
 class _Prepared:
     prompt_ids: list[int]
     params: SamplingParams
+    tools: tuple = ("none", None)    # chat: (tool mode, named function) (server/structured_request.py)
 
 
 def _param_of(err: ValueError, default: str | None = None) -> str | None:
@@ -107,6 +112,12 @@ class OpenAIServing:
         # Arrays longer than this cannot be valid: no field holds more items than the context has
         # tokens (token ids, messages) or the queue has places (prompts in a batch).
         self.max_array_len = max(aengine.max_model_len, settings.max_queue_len)
+        self.tool_parser = get_tool_parser(settings.tool_call_parser or default_parser_name(aengine.config.model))
+        self.grammars = None   # compiled here too, so a schema that does not compile is a 400
+        try:   # the event loop's own copy, for tool-call text (decoded with special tokens)
+            self.loop_tokenizer = copy.deepcopy(tok)
+        except Exception:
+            self.loop_tokenizer = tok
 
     def _max_prompt_chars(self) -> int | None:
         """Most characters a prompt that fits the context can have: a token never covers more
@@ -148,7 +159,22 @@ class OpenAIServing:
             raise APIError("this model has no tokenizer: send the prompt as token ids", param=param)
         return encode_text(self.tokenizer, text)
 
-    def _prepare(self, req, prompt_ids: list[int], default_max_tokens: int, param: str) -> _Prepared:
+    def _check_grammar(self, structured, field: str) -> None:
+        if structured is None:
+            return
+        if self.grammars is None:
+            if self.tokenizer is None:
+                raise APIError(f"{field}: structured outputs need the model's tokenizer", param=field)
+            from adaspec.structured.grammar import GrammarCache
+            eos = list(getattr(self.aengine, "eos_token_ids", None) or [self.tokenizer.eos_token_id or 0])
+            self.grammars = GrammarCache.from_tokenizer(self.tokenizer, self.aengine.vocab_size, eos)
+        try:
+            self.grammars.compile(structured)
+        except ValueError as e:
+            raise APIError(f"{field}: {e}", param=field) from None
+
+    def _prepare(self, req, prompt_ids: list[int], default_max_tokens: int, param: str,
+                 structured=None) -> _Prepared:
         limit = self.aengine.max_model_len
         if not prompt_ids:
             raise APIError("the prompt is empty", param=param)
@@ -172,7 +198,8 @@ class OpenAIServing:
                 top_k=defaults["top_k"] if req.top_k is None else req.top_k,
                 min_p=defaults["min_p"] if req.min_p is None else float(req.min_p),
                 seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids or [],
-                ignore_eos=req.ignore_eos, speculate=req.speculate, max_draft_tokens=req.max_draft_tokens)
+                ignore_eos=req.ignore_eos, speculate=req.speculate, max_draft_tokens=req.max_draft_tokens,
+                structured=structured)
         except ValueError as e:
             param = _param_of(e)
             raise APIError(str(e), param=max_param if param == "max_tokens" else param) from None
@@ -203,6 +230,8 @@ class OpenAIServing:
             raise APIError(f"{len(prompts)} prompts in one request exceed the server's limit of {limit} "
                            f"per request (--max-prompts-per-request); send them in several requests",
                            param="prompt")
+        structured, field = structured_of(req)
+        self._check_grammar(structured, field)
         out = []
         for item in prompts:
             if isinstance(item, str):
@@ -212,20 +241,39 @@ class OpenAIServing:
                 ids = self._encode(item, "prompt")
             else:
                 ids = list(item)
-            out.append(self._prepare(req, ids, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt"))
+            out.append(self._prepare(req, ids, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt", structured))
         return out
 
     def prepare_chat(self, req: ChatCompletionRequest) -> list[_Prepared]:
         self._check_common(req)
         if not has_chat_template(self.tokenizer):
             raise APIError("this model has no chat template; use /v1/completions", param="messages")
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        mode, name = tool_mode(req)
+        structured, field = structured_of(req)
+        forced = tool_grammar(req, mode, name)
+        if structured is not None and forced is not None:
+            raise APIError(f"{field} and tool_choice={req.tool_choice!r} both constrain the output; send one",
+                           param=field)
+        structured, field = (forced, "tools") if forced is not None else (structured, field)
+        self._check_grammar(structured, field)
+        messages = chat_messages(req)
         self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
+        kw = template_kwargs(req)
         try:
-            ids = encode_chat_untrusted(self.tokenizer, messages)
+            ids = encode_chat_untrusted(self.tokenizer, messages, kw)
         except Exception as e:  # jinja's TemplateError or a template's raise_exception()
             raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
-        return [self._prepare(req, ids, self.aengine.max_model_len, "messages")]
+        p = self._prepare(req, ids, self.aengine.max_model_len, "messages", structured)
+        p.tools = (mode, name)
+        return [p]
+
+    def tool_text(self, out: RequestOutput, finished: bool) -> str:
+        """The output as a tool-call parser reads it: with special tokens (markers such as
+        [TOOL_CALLS] are special), without the stop token."""
+        eos = set(getattr(self.aengine, "eos_token_ids", None) or [])
+        ids = [t for t in out.token_ids if t not in eos]
+        text = self.loop_tokenizer.decode(ids, skip_special_tokens=False)
+        return text if finished else text.rstrip("\ufffd")
 
     # ----- submission -----------------------------------------------------------------------------
     async def submit(self, request_id: str, prepared: list[_Prepared]) -> list[RequestStream]:
@@ -381,6 +429,8 @@ class OpenAIServing:
         model = req.model or self.settings.served_model_name
         streams = await self.submit(rid, prepared)
 
+        mode, name = prepared[0].tools
+        tools = [ToolOutput(mode, name, self.tool_parser) for _ in prepared]
         if req.stream:
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
 
@@ -388,10 +438,21 @@ class OpenAIServing:
                 return {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                              "logprobs": None, "finish_reason": None}]}
 
-            def chunk(i: int, out: RequestOutput) -> dict:
+            def chunk(i: int, out: RequestOutput) -> dict | list[dict]:
+                finish = out.finish_reason if out.finished else None
+                if tools[i].active:
+                    text = out.text or "" if mode != "auto" else self.tool_text(out, out.finished)
+                    deltas, called = tools[i].deltas(text, out.finished)
+                    if called and finish == "stop":
+                        finish = "tool_calls"
+                    if not deltas and not out.finished:
+                        return []
+                    deltas = deltas or [{}]
+                    return [{**base, "choices": [{"index": i, "delta": d, "logprobs": None,
+                                                  "finish_reason": finish if k == len(deltas) - 1 else None}]}
+                            for k, d in enumerate(deltas)]
                 delta = {"content": out.new_text} if out.new_text else {}
-                c = {"index": i, "delta": delta, "logprobs": None,
-                     "finish_reason": out.finish_reason if out.finished else None}
+                c = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
                 if req.return_token_ids:
                     c["token_ids"] = out.new_token_ids
                 return {**base, "choices": [c]}
@@ -402,8 +463,11 @@ class OpenAIServing:
             return Response(status_code=499)
         choices = []
         for i, o in enumerate(finals):
-            c = {"index": i, "message": {"role": "assistant", "content": o.text or ""},
-                 "logprobs": None, "finish_reason": o.finish_reason}
+            message, finish = {"role": "assistant", "content": o.text or ""}, o.finish_reason
+            if tools[i].active:
+                message, called = tools[i].message(self.tool_text(o, True) if mode == "auto" else o.text or "")
+                finish = "tool_calls" if called and finish == "stop" else finish
+            c = {"index": i, "message": message, "logprobs": None, "finish_reason": finish}
             if req.return_token_ids:
                 c["token_ids"] = o.token_ids
                 c["prompt_token_ids"] = o.prompt_token_ids

@@ -22,9 +22,11 @@ def sse(obj: Any) -> str:
 
 def stream_response(serving, streams: list[RequestStream], chunk, base: dict, req, first) -> StreamingResponse:
     """The SSE response of `streams` (one per choice): `first(i)` (chat: the role chunk), then
-    `chunk(i, out)` per output, the usage chunk if asked, an error event on an engine failure,
+    `chunk(i, out)` per output (a chunk or a list of them), the usage chunk if asked, an error event on an engine failure,
     `[DONE]`; unfinished streams are aborted when the client goes away."""
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    # vLLM's continuous_usage_stats (with include_usage): each chunk carries its choice's usage so far.
+    continuous = include_usage and req.stream_options.continuous_usage_stats
     complete = False      # the body was sent to the end
 
     async def body() -> AsyncIterator[str]:
@@ -41,7 +43,12 @@ def stream_response(serving, streams: list[RequestStream], chunk, base: dict, re
                 # the client asked for token ids, which are never held back.
                 if out.finished or out.new_text or (req.return_token_ids and out.new_token_ids) \
                         or (out.new_text is None and out.new_token_ids):
-                    yield sse(with_usage(chunk(i, out), include_usage))
+                    objs = chunk(i, out)   # one chunk, or several (tool-call deltas)
+                    for obj in objs if isinstance(objs, list) else [objs]:
+                        obj = with_usage(obj, include_usage)
+                        if continuous:
+                            obj["usage"] = serving.usage([out])
+                        yield sse(obj)
             if include_usage:
                 yield sse({**base, "choices": [], "usage": serving.usage(finals)})  # type: ignore[arg-type]
         except EngineError as e:

@@ -1,7 +1,7 @@
 """The server end to end: a real `python -m adaspec.cli serve` process on 127.0.0.1 with a tiny
 Llama (byte-level BPE tokenizer, chat template) and a random EAGLE-3 head, on CPU.
 
-One module-scoped server (speculation always) carries most tests; a second one, without a draft
+The session's server (speculation always, tests/server/conftest.py) carries most tests; a second one, without a draft
 and with --max-queue-len 2, covers overload and SIGTERM.
 """
 from __future__ import annotations
@@ -30,13 +30,8 @@ def dirs(tok_model_dir, tok_head_dir):
 
 
 @pytest.fixture(scope="module")
-def server(dirs):
-    model, head = dirs
-    srv = ServerProcess(["--model", model, "--draft", head, "--speculation", "always",
-                         "--num-kv-blocks", "512", "--max-model-len", "512"])
-    yield srv
-    code, out = srv.stop()
-    assert code == 0, out
+def server(spec_server):
+    return spec_server
 
 
 @pytest.fixture(scope="module")
