@@ -361,7 +361,7 @@ class ModelRunner:
             with forward_context(ForwardContext(meta, self.backend, self.kv_caches)):
                 hidden, aux = self.model(ids_d, pos_d)
         if constrained:   # the masks are filled on the host while the forward runs
-            vb.grammar = self._grammar_masks(grammars, drafts, vi.limit, N, lay.tree)
+            vb.grammar = self._grammar_masks(grammars, drafts, vi.limit, N, lay.tree, self.device)
         if not lay.verify:
             if vb.refresh is not None:
                 self.post.refresh.run(vb.refresh, aux)
@@ -383,7 +383,7 @@ class ModelRunner:
         return host, ev
 
     @staticmethod
-    def _grammar_masks(grammars: list, drafts, host_limit: np.ndarray, N: int, tree: bool):
+    def _grammar_masks(grammars: list, drafts, host_limit: np.ndarray, N: int, tree: bool, device):
         """(bitmask, rows, vocab) of the step's grammar rows (`structured.bitmask`): waits for
         the drafts when the step has any (their tokens pick each node's grammar state)."""
         tokens = parents = None
@@ -396,7 +396,7 @@ class ModelRunner:
             parents = parents if tree else None
         vocab = next(g.vocab_size for g in grammars if g is not None)
         mask, rows = step_bitmask(grammars, vocab, N, tokens, parents, limit)
-        return mask, rows, vocab
+        return mask.to(device), rows, vocab
 
     def _sim_draws(self, B: int, pad: int, N: int, rate) -> np.ndarray | None:
         """Simulated acceptance: whether each draft of B requests is accepted (padding rows

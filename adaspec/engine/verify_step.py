@@ -19,7 +19,7 @@ from adaspec.device.staging import Staging
 from adaspec.engine.draft_refresh import DraftRefresh, RefreshBatch, RefreshEntries, stage_refresh
 from adaspec.sampling import SamplingBatch, choose
 from adaspec.spec_decode.simulated import simulate
-from adaspec.structured.bitmask import apply_bitmask
+from adaspec.structured.bitmask import apply_bitmask, legal_drafts
 from adaspec.spec_decode.verifier import verify
 
 
@@ -121,7 +121,10 @@ class PostForward:
         choice = choose(logits, sampling, pos_d[vrows.reshape(-1)] + 1).view(Bv, N)
         parents = b.parents.t if b.tree else None
         if b.accept is not None:
-            path, emitted, count = simulate(b.tokens.t, parents, limit, choice, b.accept.t.bool(), b.D)
+            legal = None
+            if b.grammar is not None:   # simulated acceptance keeps grammar outputs legal
+                legal = legal_drafts(b.grammar[0].to(logits.device), b.tokens.t, parents)
+            path, emitted, count = simulate(b.tokens.t, parents, limit, choice, b.accept.t.bool(), b.D, legal)
         else:
             path, emitted, count = verify(b.tokens.t, parents, limit, choice, b.D)
         self.last_token[src] = emitted.gather(1, (count - 1).unsqueeze(1)).squeeze(1)

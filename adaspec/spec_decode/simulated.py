@@ -13,14 +13,19 @@ from adaspec.spec_decode.verifier import chain_path, walk
 
 
 def simulate(tokens: torch.Tensor, parents: torch.Tensor | None, limit: torch.Tensor, choice: torch.Tensor,
-             accept: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Accept the best (first) child at depth d when accept[:, d-1]; `parents` None = chains."""
+             accept: torch.Tensor, depth: int, legal: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Accept the best (first) child at depth d when accept[:, d-1]; `parents` None = chains.
+    `legal` [B, N] bool (grammar requests): a node whose token its parent's grammar mask
+    forbids is never accepted, so simulated output still follows each request's grammar."""
     if parents is None:
-        path, acc = chain_path(accept[:, : tokens.shape[1] - 1], limit)
+        ok = accept[:, : tokens.shape[1] - 1]
+        path, acc = chain_path(ok & legal[:, 1:] if legal is not None else ok, limit)
     else:
         def pick(cur, d, children):
             first = torch.where(children.any(1), children.int().argmax(1), torch.full_like(cur, -1))
-            return torch.where(accept[:, d - 1], first, torch.full_like(cur, -1))
+            ok = accept[:, d - 1] if legal is None else accept[:, d - 1] & legal.gather(1, first.clamp(min=0)[:, None])[:, 0]
+            return torch.where(ok, first, torch.full_like(cur, -1))
 
         path, acc = walk(parents, limit, depth, pick)
     # The drafts along the path (node d's token in column d-1), then the bonus after the last.

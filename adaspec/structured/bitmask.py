@@ -76,3 +76,14 @@ def apply_bitmask(logits: torch.Tensor, mask: torch.Tensor, rows: list[int], voc
 
     xgr.apply_token_bitmask_inplace(logits, mask.to(logits.device, non_blocking=True),
                                     vocab_size=min(vocab_size, logits.shape[-1]), indices=rows)
+
+
+def legal_drafts(mask: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor | None) -> torch.Tensor:
+    """[B, N] bool: whether node j's token is allowed by its parent's mask (`mask` [B*N, W] on
+    the device; chains when `parents` is None). For simulated acceptance (benchmarks) only."""
+    B, N = tokens.shape
+    m = mask.view(B, N, -1)
+    par = parents if parents is not None else torch.arange(-1, N - 1, device=tokens.device).expand(B, N)
+    rows = m.gather(1, par.clamp(min=0).unsqueeze(-1).expand(B, N, m.shape[-1]))   # each node's parent's mask
+    words = rows.gather(2, (tokens // 32).clamp(max=m.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+    return ((words >> (tokens % 32)) & 1).bool()

@@ -144,6 +144,17 @@ def test_every_json_validates_against_its_schema(tok_model_dir, tok_head_dir):
         except (AssertionError, ValueError, jsonschema.ValidationError) as e:
             invalid.append((s, o.text, str(e)[:200]))
     assert not invalid, invalid[:3]
+    # Simulated acceptance (benchmarks) accepts only drafts the grammar allows: outputs stay valid.
+    sim = LLM(tok_model_dir, draft=tok_head_dir, speculation="always", num_steps=3, device="cpu", dtype="float32",
+              spec_simulate_accept_rate=0.9)
+    outs = sim.generate(["Hello"] * 10, params[:10])
+    for s, o in zip(schemas, outs):
+        assert o.finish_reason == "stop" and o.error is None, o
+        jsonschema.validate(json.loads(o.text), s)
+    # ... and where the grammar allows much, drafts are accepted (not one holding a "<").
+    outs = sim.generate(["Hello"] * 4, SamplingParams(max_tokens=24, temperature=0.0,
+                                                      structured=StructuredOutput("regex", "[^<]*")))
+    assert all(o.error is None and "<" not in o.text for o in outs) and sim.stats()["accepted_tokens"] > 0
     # A schema that does not compile is a ValueError naming the problem, at admission.
     with pytest.raises(ValueError, match="json_schema"):
         llm.generate(["x"], SamplingParams(structured=StructuredOutput("json_schema", '{"type": "nonsense"}')))
