@@ -335,7 +335,8 @@ class Scheduler:
             # Every emitted token is one the step's bitmask allowed, so the matcher accepts it;
             # a complete grammar (its stop token accepted) ends the request, ignore_eos or not.
             if not req.grammar.accept(tok):
-                req.error = f"internal error: token {tok} breaks the request's grammar"
+                req.error = (f"token {tok} breaks the request's grammar (a grammar with no continuation in "
+                             f"this model's vocabulary leaves no legal token)")
                 return "abort"
             if req.grammar.done:
                 return "stop"

@@ -15,6 +15,8 @@ Host work per grammar request: one xgrammar call (`traverse_draft_tree`, C++) pe
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -38,6 +40,13 @@ def _tree_links(parents: np.ndarray, limit: int) -> tuple[list[int], list[int]]:
     return first, sib
 
 
+@functools.lru_cache(maxsize=256)
+def _chain_links(n: int, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_tree_links` of a chain of n nodes cut at `depth` (the same few shapes every step)."""
+    first, sib = _tree_links(np.arange(-1, n - 1), depth)
+    return torch.tensor(first, dtype=torch.int64), torch.tensor(sib, dtype=torch.int64)
+
+
 def step_bitmask(grammars: list, vocab_size: int, N: int, tokens: np.ndarray | None, parents: np.ndarray | None,
                  limit: np.ndarray) -> tuple[torch.Tensor, list[int]] | None:
     """(bitmask [B*N, W] int32 on the host, the logits rows it constrains) for B verify
@@ -58,14 +67,19 @@ def step_bitmask(grammars: list, vocab_size: int, N: int, tokens: np.ndarray | N
             m.fill_next_token_bitmask(mask, k * N)
             rows.append(k * N)
             continue
-        par = parents[k] if parents is not None else np.arange(-1, N - 1)
-        first, sib = _tree_links(par, depth)
+        if parents is None:
+            first, sib = _chain_links(N, depth)
+        else:
+            first, sib = (torch.tensor(x, dtype=torch.int64) for x in _tree_links(parents[k], depth))
         view = mask[k * N:(k + 1) * N]
-        m.traverse_draft_tree(torch.tensor(first, dtype=torch.int64), torch.tensor(sib, dtype=torch.int64),
-                              torch.as_tensor(tokens[k], dtype=torch.int64), view)
+        m.traverse_draft_tree(first, sib, torch.from_numpy(np.ascontiguousarray(tokens[k], dtype=np.int64)), view)
         rows.extend(range(k * N, (k + 1) * N))
-    # Unreached nodes (all bits clear) allow everything: see the module docstring.
-    mask[(mask == 0).all(dim=1)] = -1
+    # Unreached draft nodes (all bits clear) allow everything: see the module docstring. A root
+    # row stays as it is: all clear there means the grammar cannot go on in this vocabulary,
+    # and the request ends with an error when its token is not accepted.
+    dead = (mask == 0).all(dim=1)
+    dead[::N] = False
+    mask[dead] = -1
     return mask, rows
 
 
