@@ -76,8 +76,10 @@ def default_parser_name(model_dir: str | None) -> str:
 class ToolOutput:
     """One choice's output under `mode` ("none" | "auto" | "required" | "named")."""
 
-    def __init__(self, mode: str, name: str | None, parser: ToolParser | None):
+    def __init__(self, mode: str, name: str | None, parser: ToolParser | None, tokenizer=None,
+                 eos: set[int] = frozenset()):
         self.mode, self.name, self.parser = mode, name, parser
+        self.tokenizer, self.eos = tokenizer, eos   # for "auto": the text with special tokens
         self.sent = 0            # characters of content (named: of arguments) already streamed
         self.named_started = False
 
@@ -85,9 +87,17 @@ class ToolOutput:
     def active(self) -> bool:
         return self.mode != "none"
 
-    def message(self, text: str) -> tuple[dict, bool]:
+    def text(self, out, finished: bool) -> str:
+        """The output as the parser reads it. "auto": decoded WITH special tokens (markers such
+        as [TOOL_CALLS] are special), the stop token left out; else the engine's text."""
+        if self.mode != "auto" or self.tokenizer is None:
+            return out.text or ""
+        text = self.tokenizer.decode([t for t in out.token_ids if t not in self.eos], skip_special_tokens=False)
+        return text if finished else text.rstrip("\ufffd")
+
+    def message(self, out) -> tuple[dict, bool]:
         """(the assistant message, whether it called tools) of a complete output."""
-        content, calls = self._parse(text)
+        content, calls = self._parse(self.text(out, True))
         msg: dict = {"role": "assistant", "content": content}
         if calls:
             msg["tool_calls"] = [c.openai() for c in calls]
@@ -101,6 +111,18 @@ class ToolOutput:
         if self.mode == "auto" and self.parser is not None:
             return self.parser.parse(text)
         return text, []
+
+    def chunks(self, base: dict, index: int, out, finish: str | None) -> list[dict]:
+        """The stream chunks of choice `index` for engine output `out` (none: nothing to send yet)."""
+        deltas, called = self.deltas(self.text(out, out.finished), out.finished)
+        if called and finish == "stop":
+            finish = "tool_calls"
+        if not deltas and not out.finished:
+            return []
+        deltas = deltas or [{}]
+        return [{**base, "choices": [{"index": index, "delta": d, "logprobs": None,
+                                      "finish_reason": finish if k == len(deltas) - 1 else None}]}
+                for k, d in enumerate(deltas)]
 
     def deltas(self, text: str, finished: bool) -> tuple[list[dict], bool]:
         """(the deltas that `text`, the output so far, adds, whether tools were called)."""

@@ -35,7 +35,7 @@ from adaspec.sampling import SamplingParams
 from adaspec.server.async_engine import AsyncEngine, EngineError, RequestStream
 from adaspec.server.body import parse_body
 from adaspec.server.chat_tools import ToolOutput, chat_messages, default_parser_name, template_kwargs
-from adaspec.server.structured_request import structured_of, tool_grammar, tool_mode
+from adaspec.server.structured_request import GrammarCheck, structured_of, tool_grammar, tool_mode
 from adaspec.server.tool_parsers import get_tool_parser
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
@@ -113,7 +113,7 @@ class OpenAIServing:
         # tokens (token ids, messages) or the queue has places (prompts in a batch).
         self.max_array_len = max(aengine.max_model_len, settings.max_queue_len)
         self.tool_parser = get_tool_parser(settings.tool_call_parser or default_parser_name(aengine.config.model))
-        self.grammars = None   # compiled here too, so a schema that does not compile is a 400
+        self.check_grammar = GrammarCheck(self.tokenizer, aengine)
         try:   # the event loop's own copy, for tool-call text (decoded with special tokens)
             self.loop_tokenizer = copy.deepcopy(tok)
         except Exception:
@@ -158,20 +158,6 @@ class OpenAIServing:
         if self.tokenizer is None:
             raise APIError("this model has no tokenizer: send the prompt as token ids", param=param)
         return encode_text(self.tokenizer, text)
-
-    def _check_grammar(self, structured, field: str) -> None:
-        if structured is None:
-            return
-        if self.grammars is None:
-            if self.tokenizer is None:
-                raise APIError(f"{field}: structured outputs need the model's tokenizer", param=field)
-            from adaspec.structured.grammar import GrammarCache
-            eos = list(getattr(self.aengine, "eos_token_ids", None) or [self.tokenizer.eos_token_id or 0])
-            self.grammars = GrammarCache.from_tokenizer(self.tokenizer, self.aengine.vocab_size, eos)
-        try:
-            self.grammars.compile(structured)
-        except ValueError as e:
-            raise APIError(f"{field}: {e}", param=field) from None
 
     def _prepare(self, req, prompt_ids: list[int], default_max_tokens: int, param: str,
                  structured=None) -> _Prepared:
@@ -231,7 +217,7 @@ class OpenAIServing:
                            f"per request (--max-prompts-per-request); send them in several requests",
                            param="prompt")
         structured, field = structured_of(req)
-        self._check_grammar(structured, field)
+        self.check_grammar(structured, field)
         out = []
         for item in prompts:
             if isinstance(item, str):
@@ -255,7 +241,7 @@ class OpenAIServing:
             raise APIError(f"{field} and tool_choice={req.tool_choice!r} both constrain the output; send one",
                            param=field)
         structured, field = (forced, "tools") if forced is not None else (structured, field)
-        self._check_grammar(structured, field)
+        self.check_grammar(structured, field)
         messages = chat_messages(req)
         self._check_prompt_chars(sum(len(m["content"]) for m in messages), "messages")
         kw = template_kwargs(req)
@@ -267,13 +253,6 @@ class OpenAIServing:
         p.tools = (mode, name)
         return [p]
 
-    def tool_text(self, out: RequestOutput, finished: bool) -> str:
-        """The output as a tool-call parser reads it: with special tokens (markers such as
-        [TOOL_CALLS] are special), without the stop token."""
-        eos = set(getattr(self.aengine, "eos_token_ids", None) or [])
-        ids = [t for t in out.token_ids if t not in eos]
-        text = self.loop_tokenizer.decode(ids, skip_special_tokens=False)
-        return text if finished else text.rstrip("\ufffd")
 
     # ----- submission -----------------------------------------------------------------------------
     async def submit(self, request_id: str, prepared: list[_Prepared]) -> list[RequestStream]:
@@ -430,7 +409,8 @@ class OpenAIServing:
         streams = await self.submit(rid, prepared)
 
         mode, name = prepared[0].tools
-        tools = [ToolOutput(mode, name, self.tool_parser) for _ in prepared]
+        eos = set(getattr(self.aengine, "eos_token_ids", None) or [])
+        tools = [ToolOutput(mode, name, self.tool_parser, self.loop_tokenizer, eos) for _ in prepared]
         if req.stream:
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
 
@@ -441,16 +421,7 @@ class OpenAIServing:
             def chunk(i: int, out: RequestOutput) -> dict | list[dict]:
                 finish = out.finish_reason if out.finished else None
                 if tools[i].active:
-                    text = out.text or "" if mode != "auto" else self.tool_text(out, out.finished)
-                    deltas, called = tools[i].deltas(text, out.finished)
-                    if called and finish == "stop":
-                        finish = "tool_calls"
-                    if not deltas and not out.finished:
-                        return []
-                    deltas = deltas or [{}]
-                    return [{**base, "choices": [{"index": i, "delta": d, "logprobs": None,
-                                                  "finish_reason": finish if k == len(deltas) - 1 else None}]}
-                            for k, d in enumerate(deltas)]
+                    return tools[i].chunks(base, i, out, finish)
                 delta = {"content": out.new_text} if out.new_text else {}
                 c = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
                 if req.return_token_ids:
@@ -465,7 +436,7 @@ class OpenAIServing:
         for i, o in enumerate(finals):
             message, finish = {"role": "assistant", "content": o.text or ""}, o.finish_reason
             if tools[i].active:
-                message, called = tools[i].message(self.tool_text(o, True) if mode == "auto" else o.text or "")
+                message, called = tools[i].message(o)
                 finish = "tool_calls" if called and finish == "stop" else finish
             c = {"index": i, "message": message, "logprobs": None, "finish_reason": finish}
             if req.return_token_ids:

@@ -98,6 +98,29 @@ def structured_of(req) -> tuple[StructuredOutput | None, str | None]:
     return (found[0][1], found[0][0]) if found else (None, None)
 
 
+class GrammarCheck:
+    """Compiles a request's constraint in the server process too (cached per value), so one
+    that does not compile is a 400 here rather than a failed request in the engine."""
+
+    def __init__(self, tokenizer, aengine):
+        self.tokenizer, self.aengine, self.cache = tokenizer, aengine, None
+
+    def __call__(self, structured: StructuredOutput | None, field: str) -> None:
+        if structured is None:
+            return
+        if self.cache is None:
+            if self.tokenizer is None:
+                raise APIError(f"{field}: structured outputs need the model's tokenizer", param=field)
+            from adaspec.structured.grammar import GrammarCache
+
+            eos = getattr(self.aengine, "eos_token_ids", None) or [self.tokenizer.eos_token_id or 0]
+            self.cache = GrammarCache.from_tokenizer(self.tokenizer, self.aengine.vocab_size, list(eos))
+        try:
+            self.cache.compile(structured)
+        except ValueError as e:
+            raise APIError(f"{field}: {e}", param=field) from None
+
+
 # ---- tools -----------------------------------------------------------------------------------
 def tool_mode(req: ChatCompletionRequest) -> tuple[str, str | None]:
     """("none" | "auto" | "required" | "named", the named function)."""
