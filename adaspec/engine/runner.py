@@ -120,6 +120,7 @@ class ModelRunner:
         self.max_model_len = 0
         self.last_step_time = 0.0
         self.prev_speculative = False   # the last launched step verified drafts
+        self._draft_host: dict = {}     # pinned landing buffers of grammar steps' drafts (CUDA)
 
     def setup(self, max_model_len: int) -> None:
         """Size the persistent device state for `max_model_len` (called once by the engine)."""
@@ -375,7 +376,14 @@ class ModelRunner:
         src = (vb.tokens.t, vb.parents.t, vb.limit.t)
         if self.device.type != "cuda":
             return [t.clone() for t in src], None
-        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in src]
+        # Pinned buffers, reused (allocating pinned memory costs more than the copy): each
+        # step's are read within its own launch, before the next step can use them.
+        host = []
+        for i, t in enumerate(src):
+            key = (i, tuple(t.shape), t.dtype)
+            if key not in self._draft_host:
+                self._draft_host[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.append(self._draft_host[key])
         for h, t in zip(host, src):
             h.copy_(t, non_blocking=True)
         ev = torch.cuda.Event()

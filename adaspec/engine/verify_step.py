@@ -1,7 +1,8 @@
-"""Everything after the target forward, on the device: the LM head on the verify rows, the
-target's choice at every node (`sampling.choose`), verification (`spec_decode.verifier`, or
-simulated acceptance in benchmarks) under each grammar request's token bitmask, each request's last token and count (for the step
-planned before this one is read), accepted tree KV moved into place, the draft KV refreshed.
+"""Everything after the target forward, on the device: the LM head on the verify rows, each
+grammar request's token bitmask on its rows (`structured.bitmask`), the target's choice at
+every node (`sampling.choose`), verification (`spec_decode.verifier`, or simulated
+acceptance in benchmarks), each request's last token and count (for the step planned before
+this one is read), accepted tree KV moved into place, the draft KV refreshed.
 `PostForward` is captured as is by the post CUDA graphs (greedy and simulated batches).
 
 `verify_inputs` lays out the verify batch on the host and `stage_verify` stages it right

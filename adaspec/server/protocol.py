@@ -192,6 +192,8 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool = True
     # vLLM extras for the chat template
+    functions: list[Any] | None = None       # OpenAI's deprecated spelling of tools: refused
+    function_call: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
@@ -201,4 +203,7 @@ class ChatCompletionRequest(_SamplingFields):
             return "logprobs", "logprobs is not supported"
         if self.top_logprobs:
             return "top_logprobs", "top_logprobs is not supported"
+        if self.functions or self.function_call is not None:
+            field = "functions" if self.functions else "function_call"
+            return field, f"{field} (deprecated by OpenAI) is not supported; use tools and tool_choice"
         return self._common_unsupported()

@@ -217,3 +217,28 @@ def test_cuda_seeded_output_independent_of_speculation(models):
                            + [sp] + [SamplingParams(max_tokens=32, temperature=0.8, ignore_eos=True)] * 4)
         outs[name + "-batch"] = res[3].token_ids
     assert len({tuple(v) for v in outs.values()}) == 1, outs
+
+
+def test_cuda_grammar_with_speculation_equals_off(models):
+    """Grammar requests on the device (forward graphs, pinned draft readback, xgrammar's CUDA
+    mask kernel) mixed with free ones: greedy equal to speculation off, chains and trees, and
+    every constrained output obeys its grammar (tokens are single characters of a raw vocabulary)."""
+    pytest.importorskip("xgrammar")
+    from adaspec.structured import StructuredOutput
+    from adaspec.structured.grammar import GrammarCache
+
+    d, h = models["llama"]
+    pieces = [chr(0x4E00 + i) for i in range(320)]
+    spec = StructuredOutput("regex", "[" + "".join(pieces[i] for i in range(320) if i % 3) + "]*")
+    prompts = [[(7 * i + j) % 300 + 3 for j in range(5 + 3 * i)] for i in range(6)]
+    params = [SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, structured=spec if i % 2 else None)
+              for i in range(6)]
+    runs = {}
+    for name, kw in {"off": {}, "chain": dict(draft=str(h), speculation="always", num_steps=3),
+                     "tree": dict(draft=str(h), speculation="always", num_steps=2, topk=4,
+                                  num_draft_tokens=16)}.items():
+        llm = LLM(str(d), device="cuda", dtype="float32", max_num_seqs=16, **kw)
+        llm.engine.grammars = GrammarCache.from_vocab(pieces, stop_token_ids=[1])
+        runs[name] = [o.token_ids for o in llm.generate(prompts, params)]
+    assert runs["chain"] == runs["off"] and runs["tree"] == runs["off"]
+    assert all(t % 3 for i, o in enumerate(runs["off"]) if i % 2 for t in o)

@@ -63,7 +63,11 @@ def test_structured_outputs_openai_sdk(client, spec_server):
                         ({"guided_regex": "[a", "guided_choice": ["a"]}, "guided_choice"),
                         ({"guided_decoding_backend": "outlines", "guided_regex": "a"}, "guided_decoding_backend"),
                         ({"tool_choice": "required"}, "tool_choice"),
-                        ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools")]:
+                        ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools"),
+                        ({"functions": [{"name": "f"}]}, "functions"),
+                        ({"tools": [{"type": "function", "function": {"name": "f"}}],
+                          "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+                        ({"continue_final_message": True}, "continue_final_message")]:
         resp = httpx.post(spec_server.url + "/v1/chat/completions",
                           json={"messages": [{"role": "user", "content": "Hi"}], **body})
         assert resp.status_code == 400 and resp.json()["error"]["param"] == param, (body, resp.text)
