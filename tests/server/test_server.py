@@ -31,6 +31,10 @@ def dirs(tok_model_dir, tok_head_dir):
 
 @pytest.fixture(scope="module")
 def server(spec_server):
+    # One speculative request first, so tests that read speculation stats do not depend on
+    # which tests ran on this (session-shared, possibly fresh) server before them.
+    httpx.post(spec_server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+                                                          "ignore_eos": True}, timeout=60).raise_for_status()
     return spec_server
 
 
