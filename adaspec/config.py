@@ -126,8 +126,13 @@ class EngineConfig:
     # "auto": sampling fields a request leaves out come from the model's generation_config.json
     # (like vLLM's --generation-config auto); "none": adaspec's own defaults (OpenAI's).
     generation_config: str = "auto"
+    # Tensor parallelism: one process per rank (rank 0 is this one and plans every step; the
+    # others are spawned workers). 1 = today's single-process engine, no extra processes.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        _require(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
+                 "tensor_parallel_size", "--tensor-parallel-size", "an integer >= 1", self.tensor_parallel_size)
         if self.attention_backend not in ("auto", "triton", "torch"):
             raise ValueError(f"attention_backend must be auto, triton or torch, got {self.attention_backend!r}")
         if self.generation_config not in GENERATION_CONFIG_MODES:
@@ -196,6 +201,9 @@ def add_engine_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true", help="run without CUDA graphs")
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="run steps one at a time (by default the CPU plans step N+1 while the GPU runs step N)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="shard the target over this many GPUs (one worker process per extra GPU; "
+                        "gloo processes on CPU)")
     p.add_argument("--generation-config", default="auto", choices=GENERATION_CONFIG_MODES,
                    help="auto: sampling fields a request leaves out (temperature, top_p, top_k, min_p) "
                         "default to the model's generation_config.json; none: to 1.0 / 1.0 / -1 / 0.0")
@@ -213,7 +221,8 @@ def engine_kwargs_from_cli(a: argparse.Namespace) -> dict:
               topk=a.topk, num_draft_tokens=a.num_draft_tokens,
               spec_disable_batch_size=a.spec_disable_batch_size,
               simulate_accept_rate=a.spec_simulate_accept_rate,
-              attention_backend=a.attention_backend, enforce_eager=a.enforce_eager, overlap=a.overlap)
+              attention_backend=a.attention_backend, enforce_eager=a.enforce_eager, overlap=a.overlap,
+              tensor_parallel_size=a.tensor_parallel_size)
     if a.speculation is not None:
         kw["policy"] = a.speculation
     return kw

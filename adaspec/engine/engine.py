@@ -251,6 +251,23 @@ class Engine:
 
     # ---- observability --------------------------------------------------------------------
     @property
+    def alive(self) -> bool:
+        """False once a tensor-parallel worker failed: the engine cannot step any more (the
+        server's AsyncEngine then fails what is in flight and reports the engine dead)."""
+        return self.death_cause is None
+
+    @property
+    def death_cause(self) -> str | None:
+        driver = getattr(self.runner, "driver", None)
+        return driver.failure if driver is not None else None
+
+    def close(self) -> None:
+        """Stop the workers of a tensor-parallel engine (a no-op for one process)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
+    @property
     def num_free_blocks(self) -> int:
         return self.kv.num_free
 
@@ -279,6 +296,7 @@ class Engine:
             "num_steps": self.counters["num_steps"],
             "overlapped_steps": self.counters["overlapped_steps"],
             "attention_backend": self.runner.backend.name,
+            "tensor_parallel_size": self.config.tensor_parallel_size,
             "cuda_graphs": (len(self.runner.graphs.graphs) + len(self.runner.graphs.draft_graphs)
                             if self.runner.graphs else 0),
             "cuda_graph_capture_s": round(self.runner.graphs.capture_seconds, 2) if self.runner.graphs else 0.0,
@@ -357,3 +375,7 @@ class LLM:
 
     def stats(self) -> dict:
         return self.engine.stats()
+
+    def close(self) -> None:
+        """Release the engine's worker processes (tensor parallelism); also done at exit."""
+        self.engine.close()

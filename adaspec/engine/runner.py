@@ -36,9 +36,12 @@ from adaspec.engine.draft_refresh import DraftRefresh, refresh_entries, stage_re
 from adaspec.engine.draft_step import ChainDrafter, TreeStep
 from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.engine.step_layout import StepLayout, forward_inputs, layout_step, shifted_rows, stage_forward_inputs
+from adaspec.engine.step_program import ProgramCodec, StepProgram, phase
 from adaspec.engine.verify_step import PostForward, stage_verify, verify_inputs
 from adaspec.layers.attention import ForwardContext, forward_context, get_backend
 from adaspec.models.loader import load_model
+from adaspec.parallel import Shard, TPGroup
+from adaspec.parallel.layers import parallelize
 from adaspec.spec_decode.drafter import TreeDrafter
 
 CPU_DEFAULT_KV_BYTES = 128 * 2**20
@@ -78,39 +81,49 @@ class Launched:
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig):
+    """`tp`: this process's rank of a tensor-parallel engine (given to workers by
+    `tp_worker`); None with `cfg.tensor_parallel_size` > 1 makes this process rank 0, which
+    spawns the workers (`tp_driver.TPDriver`) and drives them: every step it prepares is
+    sent to them (`launch`), and each rank runs the same device work on its shard."""
+
+    def __init__(self, cfg: EngineConfig, tp: TPGroup | None = None):
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
+        self.driver = None
+        if tp is None and cfg.tensor_parallel_size > 1:
+            from adaspec.engine.tp_driver import TPDriver
+            self.driver = TPDriver.start(cfg, self.device)
+            tp = self.driver.tp
+        self.tp = tp
+        if tp is not None:
+            self.device = tp.device
+        try:
+            self._build()
+        except BaseException:
+            if self.driver is not None:
+                self.driver.close()
+            raise
+
+    def _build(self) -> None:
+        cfg, tp = self.cfg, self.tp
         torch.manual_seed(cfg.seed)
-        self.model, self.model_spec, self.dtype = load_model(cfg.model, self.device, cfg.dtype, cfg.load_format,
-                                                             cfg.seed)
-        self.model.fuse()
+        shard = Shard(tp.rank, tp.size) if tp is not None else None
+        phase(tp, lambda: self._load_target(shard))
         self.backend = get_backend(resolve_backend(cfg.attention_backend, self.device))
         self.block_size = cfg.cache.block_size
         self.draft = None
         if cfg.spec.enabled:
-            from adaspec.spec_decode.eagle3_checkpoint import load_eagle3
-            self.draft = load_eagle3(cfg.spec.draft, self.model_spec, self.model.embed_tokens, self.device,
-                                     self.dtype, cfg.load_format, cfg.seed)
-            self.draft.fuse()
+            phase(tp, self._load_draft)
         self.model.capture = self.draft.aux_layers if self.draft is not None else ()
-        ms = self.model_spec
+        ms = self.local_spec   # this rank's heads (all of them without tensor parallelism)
         self.group = ms.num_heads // ms.num_kv_heads
         self.num_blocks = self._num_blocks()
+        if tp is not None:   # KV capacity profiled on every rank: the minimum wins
+            self.num_blocks = min(tp.exchange(self.num_blocks))
         # One block more than the scheduler hands out: padding requests of CUDA graphs map
         # every block to it (`setup`), so whatever they write lands where nothing reads.
         self.scratch_block = self.num_blocks
-        L, S = ms.num_layers, (self.num_blocks + 1) * self.block_size
-        # One tensor for every layer's K and V: accepted tree KV moves with one index op.
-        self.kv = torch.zeros(L, 2, S, ms.num_kv_heads, ms.head_dim, dtype=self.dtype, device=self.device)
-        self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(L)]
-        self.draft_cache = None
-        if self.draft is not None:  # one (k, v) pair per draft layer (most heads have one)
-            ds = self.draft.spec
-            self.draft_kv = torch.zeros(self.draft.num_layers, 2, S, ds.num_kv_heads, ds.head_dim, dtype=self.dtype,
-                                        device=self.device)
-            self.draft_cache = [(self.draft_kv[i, 0], self.draft_kv[i, 1]) for i in range(self.draft.num_layers)]
-            self.draft_group = ds.num_heads // ds.num_kv_heads
+        phase(tp, self._allocate_kv)
         # Simulated acceptance (benchmarks): its own stream, so it never moves real draws.
         self.sim_generator = np.random.default_rng(cfg.spec.simulate_seed)
         self.rows: DeviceRows | None = None
@@ -120,8 +133,50 @@ class ModelRunner:
         self.last_step_time = 0.0
         self.prev_speculative = False   # the last launched step verified drafts
 
+    def _load_target(self, shard: Shard | None) -> None:
+        cfg = self.cfg
+        self.model, self.model_spec, self.dtype = load_model(cfg.model, self.device, cfg.dtype, cfg.load_format,
+                                                             cfg.seed, shard=shard)
+        self.local_spec = self.model.spec
+        self.model.fuse()
+        if shard is not None:
+            parallelize(self.model, self.model_spec, shard, self.tp)
+
+    def _load_draft(self) -> None:
+        from adaspec.spec_decode.eagle3_checkpoint import load_eagle3
+        cfg = self.cfg   # replicated on every rank (draft TP 1): its inputs are complete on each
+        self.draft = load_eagle3(cfg.spec.draft, self.model_spec, self.model.embed_tokens, self.device,
+                                 self.dtype, cfg.load_format, cfg.seed)
+        self.draft.fuse()
+
+    def _allocate_kv(self) -> None:
+        ms = self.local_spec
+        L, S = ms.num_layers, (self.num_blocks + 1) * self.block_size
+        # One tensor for every layer's K and V: accepted tree KV moves with one index op.
+        self.kv = torch.zeros(L, 2, S, ms.num_kv_heads, ms.head_dim, dtype=self.dtype, device=self.device)
+        self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(L)]
+        self.draft_cache = self.draft_kv = None
+        if self.draft is not None:  # one (k, v) pair per draft layer (most heads have one)
+            ds = self.draft.spec
+            self.draft_kv = torch.zeros(self.draft.num_layers, 2, S, ds.num_kv_heads, ds.head_dim, dtype=self.dtype,
+                                        device=self.device)
+            self.draft_cache = [(self.draft_kv[i, 0], self.draft_kv[i, 1]) for i in range(self.draft.num_layers)]
+            self.draft_group = ds.num_heads // ds.num_kv_heads
+
     def setup(self, max_model_len: int) -> None:
-        """Size the persistent device state for `max_model_len` (called once by the engine)."""
+        """Size the persistent device state for `max_model_len` (called once by the engine;
+        with tensor parallelism on every rank: rank 0 has its workers do the same)."""
+        if self.driver is not None:
+            self.driver.setup(max_model_len)
+        phase(self.tp, lambda: self._setup(max_model_len))
+        if self.graphs is not None:
+            self.graphs.capture_all()
+        if self.device.type == "cuda":
+            self._warm_up_kernels()
+        if self.driver is not None:
+            self.driver.attach(ProgramCodec(self))
+
+    def _setup(self, max_model_len: int) -> None:
         sc, spc = self.cfg.scheduler, self.cfg.spec
         self.max_model_len = max_model_len
         self.max_draft = max(spc.num_steps, spc.resolved_num_draft_tokens) if self.draft is not None else 0
@@ -160,10 +215,8 @@ class ModelRunner:
         self.post = PostForward(self.model.lm_head, self.rows.last_token, self.rows.last_count, self.kv,
                                 self.rows.block_table, self.block_size, refresh)
         if self.device.type == "cuda" and self.backend.graphable and not self.cfg.enforce_eager:
-            self.graphs = self.make_graphs()
-            self.graphs.capture_all()
-        if self.device.type == "cuda":
-            self._warm_up_kernels()
+            self.graphs = self.make_graphs()   # (captured on every rank in the same order:
+                                               # the collectives inside meet)
 
     def make_graphs(self) -> CudaGraphs:
         """The graph owner, with its collaborators named (nothing else of the runner)."""
@@ -182,7 +235,7 @@ class ModelRunner:
         the shift kernels, now rather than at their first use while serving. A failure here
         costs only those stalls."""
         t0 = time.perf_counter()
-        heads = [(self.model_spec.num_heads, self.kv_caches[0], self.dtype, set(self.model_spec.sliding_windows))]
+        heads = [(self.local_spec.num_heads, self.kv_caches[0], self.dtype, set(self.model_spec.sliding_windows))]
         if self.draft is not None:
             heads.append((self.draft.spec.num_heads, self.draft_cache[0], self.dtype, {None}))
         n = 0
@@ -204,7 +257,7 @@ class ModelRunner:
     # ---- memory ---------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
         el = torch.tensor([], dtype=self.dtype).element_size()
-        ms = self.model_spec
+        ms = self.local_spec   # this rank's KV heads
         per_tok = 2 * ms.num_layers * ms.num_kv_heads * ms.head_dim * el
         if self.draft is not None:
             per_tok += 2 * self.draft.num_layers * self.draft.spec.num_kv_heads * self.draft.spec.head_dim * el
@@ -258,6 +311,9 @@ class ModelRunner:
         sets `self.last_step_time` (seconds)."""
         start, end = step.start, step.end
         if self.device.type == "cuda":
+            if self.driver is not None:   # a dead peer shows here as an error or a hang
+                with self.driver.step():
+                    end.synchronize()
             end.synchronize()
             self.last_step_time = start.elapsed_time(end) / 1e3
         else:
@@ -283,7 +339,19 @@ class ModelRunner:
         return time.perf_counter()
 
     def _enqueue(self, plan: StepPlan) -> tuple[StepLayout, torch.Tensor | None]:
-        """Stage the step and enqueue its device work; returns (layout, device output rows)."""
+        """Stage the step and enqueue its device work; returns (layout, device output rows).
+        With workers, the step reaches them between the two halves (`TPDriver.send`): the
+        program, then the staged buffers broadcast on the device."""
+        lay, prog = self._prepare(plan)
+        if self.driver is None:
+            return lay, self.execute_program(prog)
+        with self.driver.step():
+            self.driver.send(prog)
+            return lay, self.execute_program(prog)
+
+    def _prepare(self, plan: StepPlan) -> tuple[StepLayout, StepProgram]:
+        """The host half of a step: lay it out, stage it (ONE host->device copy per staging
+        buffer), and name the device work in a StepProgram."""
         sched = plan.scheduled
         rows = [self.rows.row_of(s.req) for s in sched]
         lay = layout_step(plan, self.prev_speculative)
@@ -336,30 +404,43 @@ class ModelRunner:
                                  self.max_draft) if lay.tree and lay.drafting else None
         shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh]
         stg.commit()
-        self.rows.apply_updates(upd_d.t if upd_d is not None else None)
-        for sh, staged in shifts:   # after the block-table update: slots are looked up in it
+        return lay, StepProgram(meta, ids_d, pos_d, graph, post, vb, bool(lay.verify), upd_d, fill, chain, trees,
+                                shifts, stg.offset, self.draft_stg.offset if (chain or trees) else 0)
+
+    def execute_program(self, p: StepProgram) -> torch.Tensor | None:
+        """The device half of a step (every rank runs it on its own buffers); returns the
+        device output rows, or None when nothing sampled."""
+        self.rows.apply_updates(p.upd.t if p.upd is not None else None)
+        for sh, staged in p.shifts:   # after the block-table update: slots are looked up in it
             sh.apply(staged, self.rows.last_count, self.rows.block_table, self.block_size)
-        if fill is not None:
-            ids_d[fill.t[0]] = self.rows.last_token[fill.t[1]]
+        ids_d, pos_d, vb = p.ids, p.pos, p.vb
+        if p.fill is not None:
+            ids_d[p.fill.t[0]] = self.rows.last_token[p.fill.t[1]]
 
         # ---- draft (on the device) ----
-        if chain is not None:
-            self.chain.run(chain, self.rows.draft_hidden, ids_d, vb.tokens.t)
-        if trees is not None:
-            self.trees.run(trees, self.rows.draft_hidden, meta, ids_d, pos_d, vb.tokens.t, vb.parents.t, vb.limit.t)
+        if p.chain is not None:
+            self.chain.run(p.chain, self.rows.draft_hidden, ids_d, vb.tokens.t)
+        if p.trees is not None:
+            self.trees.run(p.trees, self.rows.draft_hidden, p.meta, ids_d, pos_d, vb.tokens.t, vb.parents.t,
+                           vb.limit.t)
 
         # ---- target forward ----
-        if graph is not None:
-            hidden, aux = graph.replay()
+        if p.graph is not None:
+            hidden, aux = p.graph.replay()
         else:
-            with forward_context(ForwardContext(meta, self.backend, self.kv_caches)):
+            with forward_context(ForwardContext(p.meta, self.backend, self.kv_caches)):
                 hidden, aux = self.model(ids_d, pos_d)
-        if not lay.verify:
+        if not p.verifies:
             if vb.refresh is not None:
                 self.post.refresh.run(vb.refresh, aux)
-            return lay, None
+            return None
         # ---- verify, commit, output (one graph, or the same work eagerly) ----
-        return lay, (post.replay() if post is not None else self.post(hidden, aux, pos_d, vb))
+        return p.post.replay() if p.post is not None else self.post(hidden, aux, pos_d, vb)
+
+    def close(self) -> None:
+        """Stop the workers of a tensor-parallel engine (nothing to do for one process)."""
+        if self.driver is not None:
+            self.driver.close()
 
     def _sim_draws(self, B: int, pad: int, N: int, rate) -> np.ndarray | None:
         """Simulated acceptance: whether each draft of B requests is accepted (padding rows

@@ -283,6 +283,7 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
                 elif c[0] == "stop":
                     for rid in list(engine.requests):
                         engine.abort_request(rid)
+                    engine.close()   # its tensor-parallel workers, if any
                     return
         except (EOFError, OSError):   # the server is gone
             return
