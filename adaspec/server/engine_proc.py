@@ -66,8 +66,10 @@ class EngineProcess:
         ctx = mp.get_context("spawn")
         cmd_r, self._cmd = ctx.Pipe(duplex=False)
         self._out, out_w = ctx.Pipe(duplex=False)
+        # Daemonic unless it has tensor-parallel workers of its own (a daemonic process may not
+        # start children); it dies with this process either way (`_die_with_parent`, `close`).
         self._proc = ctx.Process(target=_engine_main, args=(cfg, cmd_r, out_w), name="adaspec-engine",
-                                 daemon=True)
+                                 daemon=cfg.tensor_parallel_size == 1)
         # Started with SIGINT ignored (inherited through exec), so a Ctrl-C during start-up, which
         # the terminal sends to the whole process group, reaches only this process: it stops
         # the child itself (below) instead of the child dying mid-import with a traceback.
