@@ -204,6 +204,7 @@ class TPDriver:
             for w in ready:
                 i = waitables[w]
                 if w is self.procs[i].sentinel:
+                    self.procs[i].join(timeout=1.0)   # reaped: its exit status is known
                     self._fail(f"tensor-parallel rank {i + 1} died (exit status {self.procs[i].exitcode})"
                                f"{self._reason(i + 1)}")
                     break
