@@ -31,7 +31,8 @@ PASSTHROUGH_ENGINE_FLAGS = (
     "dtype", "load_format", "seed", "block_size", "num_kv_blocks", "kv_cache_memory",
     "gpu_memory_utilization", "no_prefix_caching", "max_num_seqs", "max_num_batched_tokens",
     "long_prefill_token_threshold",
-    "max_model_len", "served_model_name", "attention_backend", "enforce_eager", "generation_config")
+    "max_model_len", "served_model_name", "attention_backend", "enforce_eager", "generation_config",
+    "tensor_parallel_size")
 
 
 # ----------------------------------------------------------------------------- arguments
