@@ -4,7 +4,7 @@
 #                                             # TP=2, NCCL profile, the MoE shape, GPU tests (TP=2 == TP=1)
 #   bash benchmarks/h200x2_tp_call.sh load-a  # the load experiment at TP=2 (C = 1..256): off, chain3, thr32, idle
 #   bash benchmarks/h200x2_tp_call.sh load-b  # ... tree16, auto
-# then, here: python3 benchmarks/load_experiment.py --tensor-parallel-size 2 --merge tp2_load-a.tar.gz tp2_load-b.tar.gz
+# then, here: python3 benchmarks/load_experiment.py --tensor-parallel-size 2 --merge load_experiment_tp2-a.tar.gz load_experiment_tp2-b.tar.gz
 # Run from the repository root with .carry/tools/ = ../shared/tools/ and .whl/ = the server's
 # wheels; $OUT receives one tarball per part. NVLink multicast stays off in every process.
 set -u

@@ -80,7 +80,8 @@ def main(argv=None) -> int:
     phys = json.loads(Path(a.physics).read_text())[a.physics_key]
     target, draft = write_dirs(a.shape)
     res: dict = {"device": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-                 "torch": torch.__version__, "shape": a.shape, "tp": n, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 "torch": torch.__version__, "shape": a.shape, "tp": n,
+                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  "physics_T_ms": phys, "startup_s": {}, "steps": {}, "generate": {}, "targets": {}}
     for config in configs:
         chain = config.endswith("chain3")

@@ -67,6 +67,13 @@ class Engine:
     def __init__(self, cfg: EngineConfig, runner: ModelRunner | None = None):
         self.config = cfg
         self.runner = runner if runner is not None else ModelRunner(cfg)
+        try:
+            self._start(cfg)
+        except BaseException:
+            self.close()   # a tensor-parallel runner's workers go with the failed start
+            raise
+
+    def _start(self, cfg: EngineConfig) -> None:
         self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
         bs = cfg.cache.block_size

@@ -17,9 +17,21 @@ One step (`launch` enqueues it, `collect` waits for it):
 Between `launch` and `collect` the engine plans and launches the next step (overlap): a
 request whose last token is still on the device (`Request.pending`) gets it from
 `DeviceRows.last_token`, filled on the device before the forward.
+
+A step has a host half (`_prepare`: steps 1's layout and staging, naming the device work in a
+`StepProgram`) and a device half (`execute_program`: steps 2-4). With tensor parallelism
+(`tensor_parallel_size` > 1) this process is rank 0: it prepares every step once and sends it
+to the workers (`tp_driver`), and every rank runs the device half on its shard of the model
+(`adaspec/parallel`). They choose the same tokens without a word: the logits every rank
+verifies come from one all-gather (the same bytes everywhere), the hidden states from
+all-reduces that give every rank the same sum, and sampling draws its noise from each
+request's seed and position, so identical logits make identical choices, drafts and KV. (Rank 0
+deciding and broadcasting the tokens would add a collective to every step, and the drafts,
+KV moves and draft refresh that follow verification would still have to agree.)
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -28,6 +40,7 @@ import numpy as np
 import torch
 
 from adaspec.config import EngineConfig
+from adaspec.device.select import resolve_backend, resolve_device
 from adaspec.device.shift import Shift
 from adaspec.device.staging import Staging
 from adaspec.engine.cuda_graph import CudaGraphs, GraphInputs
@@ -46,27 +59,6 @@ from adaspec.spec_decode.drafter import TreeDrafter
 
 CPU_DEFAULT_KV_BYTES = 128 * 2**20
 log = logging.getLogger("adaspec")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' requested but CUDA is not available")
-    return dev
-
-
-def resolve_backend(name: str, device: torch.device) -> str:
-    if name != "auto":
-        return name
-    if device.type == "cuda":
-        try:
-            import triton  # noqa: F401
-            return "triton"
-        except ImportError:
-            return "torch"
-    return "torch"
 
 
 @dataclass
@@ -311,10 +303,8 @@ class ModelRunner:
         sets `self.last_step_time` (seconds)."""
         start, end = step.start, step.end
         if self.device.type == "cuda":
-            if self.driver is not None:   # a dead peer shows here as an error or a hang
-                with self.driver.step():
-                    end.synchronize()
-            end.synchronize()
+            with self._tp_step():
+                end.synchronize()
             self.last_step_time = start.elapsed_time(end) / 1e3
         else:
             self.last_step_time = end - start
@@ -343,11 +333,15 @@ class ModelRunner:
         With workers, the step reaches them between the two halves (`TPDriver.send`): the
         program, then the staged buffers broadcast on the device."""
         lay, prog = self._prepare(plan)
-        if self.driver is None:
+        with self._tp_step():
+            if self.driver is not None:
+                self.driver.send(prog)
             return lay, self.execute_program(prog)
-        with self.driver.step():
-            self.driver.send(prog)
-            return lay, self.execute_program(prog)
+
+    def _tp_step(self):
+        """Rank 0 of a tensor-parallel engine: a step's part where a dead worker shows (as an
+        error, or a hang the driver breaks); see TPDriver.step."""
+        return self.driver.step() if self.driver is not None else contextlib.nullcontext()
 
     def _prepare(self, plan: StepPlan) -> tuple[StepLayout, StepProgram]:
         """The host half of a step: lay it out, stage it (ONE host->device copy per staging

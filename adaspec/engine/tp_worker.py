@@ -50,7 +50,8 @@ def worker_main(cfg, rank: int, size: int, init_method: str, cmd, events) -> Non
     try:
         import torch
 
-        from adaspec.engine.runner import ModelRunner, resolve_device
+        from adaspec.device.select import resolve_device
+        from adaspec.engine.runner import ModelRunner
         from adaspec.engine.step_program import ProgramCodec
         from adaspec.engine.tp_driver import rank_device
         from adaspec.parallel.group import TPGroup, TPStartupError

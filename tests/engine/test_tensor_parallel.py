@@ -1,7 +1,8 @@
 """Tensor parallelism through the engine (two gloo ranks on CPU): every step planned once on
 rank 0 and executed on both. Greedy and seeded-sampled output at TP=2 equals TP=1 token for
 token, with speculation off and on (chains, trees), across threshold and auto crossings, with
-preemption and prefix hits (speculation off: the threshold engine's steps at 3 requests and up); a killed worker fails the in-flight requests within seconds.
+preemption and prefix hits (speculation off: the threshold engine's steps at 3 requests and
+up); a killed worker fails the in-flight requests within seconds.
 (Which architectures shard correctly: tests/parallel/test_tp_shards.py.)"""
 from __future__ import annotations
 
