@@ -66,11 +66,25 @@ class Engine:
 
     def __init__(self, cfg: EngineConfig, runner: ModelRunner | None = None):
         self.config = cfg
-        self.runner = runner if runner is not None else ModelRunner(cfg)
+        self.runner = runner if runner is not None else self._make_runner(cfg)
         try:
             self._start(cfg)
         except BaseException:
             self.close()   # a tensor-parallel runner's workers go with the failed start
+            raise
+
+    @staticmethod
+    def _make_runner(cfg: EngineConfig) -> ModelRunner:
+        """The runner; with tensor_parallel_size > 1, rank 0's, after its workers started."""
+        if cfg.tensor_parallel_size == 1:
+            return ModelRunner(cfg)
+        from adaspec.device.select import resolve_device
+        from adaspec.engine.tp_driver import TPDriver
+        driver = TPDriver.start(cfg, resolve_device(cfg.device))
+        try:
+            return ModelRunner(cfg, driver=driver)
+        except BaseException:
+            driver.close()
             raise
 
     def _start(self, cfg: EngineConfig) -> None:

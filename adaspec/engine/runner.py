@@ -73,28 +73,22 @@ class Launched:
 
 
 class ModelRunner:
-    """`tp`: this process's rank of a tensor-parallel engine (given to workers by
-    `tp_worker`); None with `cfg.tensor_parallel_size` > 1 makes this process rank 0, which
-    spawns the workers (`tp_driver.TPDriver`) and drives them: every step it prepares is
-    sent to them (`launch`), and each rank runs the same device work on its shard."""
+    """`tp`: this process's rank of a tensor-parallel world (workers get theirs from
+    `tp_worker`; a one-rank world runs the sharded layers alone). `driver`: this process is
+    rank 0 of a tensor-parallel engine (`tp_driver.TPDriver`, started by the Engine): every
+    step it prepares is sent to the workers (`launch`), and each rank runs the same device
+    work on its shard."""
 
-    def __init__(self, cfg: EngineConfig, tp: TPGroup | None = None):
+    def __init__(self, cfg: EngineConfig, tp: TPGroup | None = None, driver=None):
         self.cfg = cfg
-        self.device = resolve_device(cfg.device)
-        self.driver = None
-        if tp is None and cfg.tensor_parallel_size > 1:
-            from adaspec.engine.tp_driver import TPDriver
-            self.driver = TPDriver.start(cfg, self.device)
-            tp = self.driver.tp
+        self.driver = driver
+        tp = driver.tp if driver is not None else tp
+        if cfg.tensor_parallel_size > 1 and (tp is None or tp.size != cfg.tensor_parallel_size):
+            raise ValueError(f"tensor_parallel_size={cfg.tensor_parallel_size} needs its world: build the engine "
+                             f"with Engine(cfg) (or LLM), which starts the workers")
         self.tp = tp
-        if tp is not None:
-            self.device = tp.device
-        try:
-            self._build()
-        except BaseException:
-            if self.driver is not None:
-                self.driver.close()
-            raise
+        self.device = tp.device if tp is not None else resolve_device(cfg.device)
+        self._build()
 
     def _build(self) -> None:
         cfg, tp = self.cfg, self.tp

@@ -30,7 +30,7 @@ import torch
 
 from adaspec.config import EngineConfig
 from adaspec.engine.step_program import ProgramCodec, StepProgram
-from adaspec.parallel.group import NO_MULTICAST_ENV, TPGroup, TPStartupError
+from adaspec.parallel.group import NO_MULTICAST_ENV, TPGroup, TPStartupError, rank_device
 from adaspec.parallel.shard import Shard
 
 log = logging.getLogger("adaspec")
@@ -39,11 +39,6 @@ GRACE_S = 5.0        # a step stuck this long after a worker failed: the process
 
 class TPWorkerFailed(RuntimeError):
     """A tensor-parallel worker died or stopped responding; the engine cannot continue."""
-
-
-def rank_device(base: torch.device, rank: int) -> torch.device:
-    """Rank r's device: cuda:r (a one-host world), or the CPU."""
-    return torch.device("cuda", rank) if base.type == "cuda" else base
 
 
 def _free_port() -> int:

@@ -53,8 +53,7 @@ def worker_main(cfg, rank: int, size: int, init_method: str, cmd, events) -> Non
         from adaspec.device.select import resolve_device
         from adaspec.engine.runner import ModelRunner
         from adaspec.engine.step_program import ProgramCodec
-        from adaspec.engine.tp_driver import rank_device
-        from adaspec.parallel.group import TPGroup, TPStartupError
+        from adaspec.parallel.group import TPGroup, TPStartupError, rank_device
 
         tp = TPGroup.init(rank, size, rank_device(resolve_device(cfg.device), rank), init_method)
         try:

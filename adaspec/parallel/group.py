@@ -32,6 +32,11 @@ def collective_timeout_s() -> float:
     return float(os.environ.get("ADASPEC_TP_TIMEOUT_S", "120"))
 
 
+def rank_device(base: torch.device, rank: int) -> torch.device:
+    """Rank r's device: cuda:r (one host), or the CPU."""
+    return torch.device("cuda", rank) if base.type == "cuda" else base
+
+
 # torch >= 2.13 renamed all_gather_into_tensor (same contract)
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
