@@ -28,9 +28,10 @@ def head(llama_dir, tmp_path_factory):
     return str(make_eagle3_head(tmp_path_factory.mktemp("tphead") / "h", llama_dir))
 
 
-def both(model: str, **kw):
-    """(TP=1 outputs, TP=2 outputs, TP=2 LLM still open) for PROMPTS / PARAMS."""
-    one = LLM(model, device="cpu", dtype="float32", **kw)
+def both(model: str, ref: dict | None = None, **kw):
+    """(TP=1 outputs, TP=2 outputs, TP=2 LLM still open) for PROMPTS / PARAMS; the TP=1
+    engine is built with `ref` instead of `kw` when given."""
+    one = LLM(model, device="cpu", dtype="float32", **(kw if ref is None else ref))
     assert one.engine.runner.driver is None   # the default: one process, today's path
     ref = [o.token_ids for o in one.generate(PROMPTS, PARAMS)]
     two = LLM(model, device="cpu", dtype="float32", tensor_parallel_size=2, **kw)
@@ -69,9 +70,10 @@ def test_chain_threshold_preemption_prefix_then_killed_worker(llama_dir, head):
 
 
 def test_tree_auto(llama_dir, head):
-    # auto picks per step from profiled step times (trees, their chain fallbacks, or nothing):
-    # whatever it picks, the output is the same (lossless, and the draws are per position).
-    ref, got, llm = both(llama_dir, draft=head, speculation="auto", num_steps=2, topk=2, num_draft_tokens=4)
+    # auto picks per step from step times profiled at start-up (the profile runs every tree
+    # depth and chain fallback through the TP engine): whatever it picks, the output is that of
+    # the plain engine without speculation (lossless; the draws depend only on seed and position).
+    ref, got, llm = both(llama_dir, ref={}, draft=head, speculation="auto", num_steps=2, topk=2, num_draft_tokens=4)
     llm.close()
     assert got == ref
 
