@@ -88,7 +88,8 @@ class ModelRunner:
                              f"with Engine(cfg) (or LLM), which starts the workers")
         self.tp = tp
         self.device = tp.device if tp is not None else resolve_device(cfg.device)
-        self._build()
+        with driver.busy() if driver is not None else contextlib.nullcontext():
+            self._build()
 
     def _build(self) -> None:
         cfg, tp = self.cfg, self.tp
@@ -154,9 +155,10 @@ class ModelRunner:
         with tensor parallelism on every rank: rank 0 has its workers do the same)."""
         if self.driver is not None:
             self.driver.setup(max_model_len)
-        phase(self.tp, lambda: self._setup(max_model_len))
-        if self.graphs is not None:
-            self.graphs.capture_all()
+        with self.driver.busy() if self.driver is not None else contextlib.nullcontext():
+            phase(self.tp, lambda: self._setup(max_model_len))
+            if self.graphs is not None:
+                self.graphs.capture_all()
         if self.device.type == "cuda":
             self._warm_up_kernels()
         if self.driver is not None:

@@ -172,19 +172,27 @@ class TPDriver:
         return TPWorkerFailed(msg)
 
     @contextlib.contextmanager
-    def step(self):
-        """Around rank 0's part of a step: marks it busy (see `_take_down`) and turns the
-        error of a collective or pipe a failed worker broke into TPWorkerFailed."""
-        self.check()
+    def busy(self):
+        """Around rank 0's work that meets the workers in collectives (start-up, steps): a
+        worker failing meanwhile takes the process down if that work cannot return (`_take_down`)."""
         self.busy_since = time.monotonic()
         try:
             yield
+        finally:
+            self.busy_since = None
+
+    @contextlib.contextmanager
+    def step(self):
+        """Around rank 0's part of a step: `busy`, and the error of a collective or pipe a
+        failed worker broke turned into TPWorkerFailed."""
+        self.check()
+        try:
+            with self.busy():
+                yield
         except TPWorkerFailed:
             raise
         except Exception as e:
             raise self.error(e) from e
-        finally:
-            self.busy_since = None
 
     # ---- failure ---------------------------------------------------------------------------
     def _watch(self) -> None:

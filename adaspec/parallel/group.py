@@ -27,9 +27,9 @@ def disable_multicast() -> None:
 
 def collective_timeout_s() -> float:
     """How long a collective may wait for a peer before it fails (ADASPEC_TP_TIMEOUT_S, default
-    120 s: start-up loads weights at different speeds on different ranks). A dead peer is
-    caught sooner, by the driver's monitor (`tp_driver`)."""
-    return float(os.environ.get("ADASPEC_TP_TIMEOUT_S", "120"))
+    600 s: ranks load weights and compile kernels at different speeds). A dead or frozen
+    peer is caught in seconds by the driver's monitor (`tp_driver`), not by this."""
+    return float(os.environ.get("ADASPEC_TP_TIMEOUT_S", "600"))
 
 
 def rank_device(base: torch.device, rank: int) -> torch.device:
