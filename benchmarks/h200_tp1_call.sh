@@ -14,6 +14,6 @@ python3 .carry/tools/physics_probe.py --batch 1,16,64,256 --q 1,4,16 --ctx 512 -
 python3 benchmarks/gpu_fast_path.py --physics $R/physics.json --out $R/fast_path_steps.json --configs off,chain3,tree16 \
     --skip generate,throughput > $R/fast_path_steps.log 2>&1
 python3 benchmarks/tp_steps.py --physics $R/physics.json --out $R/tp1_world.json --configs tp1,tp1world > $R/tp1_world.log 2>&1
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu > $R/gpu_tests.log 2>&1
+timeout 300 python3 -m pytest -q -n 0 -p no:cacheprovider tests/gpu > $R/gpu_tests.log 2>&1
 tar czf $OUT/tp1_call.tar.gz -C $R .
 tail -n 5 $R/*.log

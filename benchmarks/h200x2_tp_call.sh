@@ -20,7 +20,7 @@ if [ "$PART" = steps ]; then
     python3 .carry/tools/moe_physics_probe.py --json $R/moe_physics.json > $R/moe_physics.log 2>&1
     python3 benchmarks/tp_steps.py --shape qwen3-30b-a3b --physics $R/moe_physics.json --physics-key roofline_ms \
         --batches 1,256 --configs tp1,tp2 --out $R/tp_steps_moe.json > $R/tp_steps_moe.log 2>&1
-    timeout 400 python3 -m pytest -q -p no:cacheprovider tests/gpu > $R/gpu_tests.log 2>&1
+    timeout 400 python3 -m pytest -q -n 0 -p no:cacheprovider tests/gpu > $R/gpu_tests.log 2>&1
 else
     case "$PART" in load-a) ONLY=off,chain3,thr32,idle ;; *) ONLY=tree16,auto ;; esac
     timeout 560 python3 benchmarks/load_experiment.py --tensor-parallel-size 2 --out-dir $R/load_experiment_tp2 \

@@ -43,7 +43,6 @@ def worker_main(cfg, rank: int, size: int, init_method: str, cmd, events) -> Non
     _die_with_parent()
     from adaspec.parallel.group import disable_multicast
     disable_multicast()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     stop, lock = threading.Event(), threading.Lock()
     threading.Thread(target=_beat, args=(events, stop, lock), daemon=True).start()
     tp = None
@@ -55,7 +54,10 @@ def worker_main(cfg, rank: int, size: int, init_method: str, cmd, events) -> Non
         from adaspec.engine.step_program import ProgramCodec
         from adaspec.parallel.group import TPGroup, TPStartupError, rank_device
 
-        tp = TPGroup.init(rank, size, rank_device(resolve_device(cfg.device), rank), init_method)
+        device = rank_device(resolve_device(cfg.device), rank)
+        if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:   # the ranks share the cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+        tp = TPGroup.init(rank, size, device, init_method)
         try:
             runner = ModelRunner(cfg, tp=tp)
         except TPStartupError:
