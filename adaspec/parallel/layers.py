@@ -51,7 +51,10 @@ class VocabParallelHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, H] -> [R, V]: the same logits on every rank."""
-        return self.tp.all_gather_last(F.linear(hidden, self.weight))[..., : self.vocab_size]
+        logits = self.tp.all_gather_last(F.linear(hidden, self.weight))
+        if logits.shape[-1] == self.vocab_size:
+            return logits
+        return logits[..., : self.vocab_size].contiguous()   # the last shard's padding rows off
 
 
 def parallelize(model: nn.Module, full_spec, shard: Shard, tp: TPGroup) -> nn.Module:
