@@ -159,6 +159,12 @@ class EngineConfig:
                                     "itself) replacing the tokenizer's", check=_chat_template,
                                     default_text="the tokenizer's")
 
+    # Tensor parallelism: one process per rank (rank 0 is this one and plans every step; the
+    # others are spawned workers). 1 = the single-process engine, no extra processes.
+    tensor_parallel_size: int = opt(1, "--tensor-parallel-size", "shard the target over this many GPUs (one "
+                                    "worker process per extra GPU; gloo processes on CPU)", type=int, ge=1,
+                                    aliases=("-tp",))
+
     def __post_init__(self) -> None:
         check_fields(self)
 

@@ -66,7 +66,28 @@ class Engine:
 
     def __init__(self, cfg: EngineConfig, runner: ModelRunner | None = None):
         self.config = cfg
-        self.runner = runner if runner is not None else ModelRunner(cfg)
+        self.runner = runner if runner is not None else self._make_runner(cfg)
+        try:
+            self._start(cfg)
+        except BaseException:
+            self.close()   # a tensor-parallel runner's workers go with the failed start
+            raise
+
+    @staticmethod
+    def _make_runner(cfg: EngineConfig) -> ModelRunner:
+        """The runner; with tensor_parallel_size > 1, rank 0's, after its workers started."""
+        if cfg.tensor_parallel_size == 1:
+            return ModelRunner(cfg)
+        from adaspec.device.select import resolve_device
+        from adaspec.engine.tp_driver import TPDriver
+        driver = TPDriver.start(cfg, resolve_device(cfg.device))
+        try:
+            return ModelRunner(cfg, driver=driver)
+        except BaseException:
+            driver.close()
+            raise
+
+    def _start(self, cfg: EngineConfig) -> None:
         self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, cfg.chat_template)
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
         bs = cfg.cache.block_size
@@ -252,6 +273,23 @@ class Engine:
 
     # ---- observability --------------------------------------------------------------------
     @property
+    def alive(self) -> bool:
+        """False once a tensor-parallel worker failed: the engine cannot step any more (the
+        server's AsyncEngine then fails what is in flight and reports the engine dead)."""
+        return self.death_cause is None
+
+    @property
+    def death_cause(self) -> str | None:
+        driver = getattr(self.runner, "driver", None)
+        return driver.failure if driver is not None else None
+
+    def close(self) -> None:
+        """Stop the workers of a tensor-parallel engine (a no-op for one process)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
+    @property
     def num_free_blocks(self) -> int:
         return self.kv.num_free
 
@@ -280,6 +318,7 @@ class Engine:
             "num_steps": self.counters["num_steps"],
             "overlapped_steps": self.counters["overlapped_steps"],
             "attention_backend": self.runner.backend.name,
+            "tensor_parallel_size": self.config.tensor_parallel_size,
             "cuda_graphs": (len(self.runner.graphs.graphs) + len(self.runner.graphs.draft_graphs)
                             if self.runner.graphs else 0),
             "cuda_graph_capture_s": round(self.runner.graphs.capture_seconds, 2) if self.runner.graphs else 0.0,
@@ -358,3 +397,7 @@ class LLM:
 
     def stats(self) -> dict:
         return self.engine.stats()
+
+    def close(self) -> None:
+        """Release the engine's worker processes (tensor parallelism); also done at exit."""
+        self.engine.close()

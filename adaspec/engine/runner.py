@@ -17,9 +17,21 @@ One step (`launch` enqueues it, `collect` waits for it):
 Between `launch` and `collect` the engine plans and launches the next step (overlap): a
 request whose last token is still on the device (`Request.pending`) gets it from
 `DeviceRows.last_token`, filled on the device before the forward.
+
+A step has a host half (`_prepare`: steps 1's layout and staging, naming the device work in a
+`StepProgram`) and a device half (`execute_program`: steps 2-4). With tensor parallelism
+(`tensor_parallel_size` > 1) this process is rank 0: it prepares every step once and sends it
+to the workers (`tp_driver`), and every rank runs the device half on its shard of the model
+(`adaspec/parallel`). They choose the same tokens without a word: the logits every rank
+verifies come from one all-gather (the same bytes everywhere), the hidden states from
+all-reduces that give every rank the same sum, and sampling draws its noise from each
+request's seed and position, so identical logits make identical choices, drafts and KV. (Rank 0
+deciding and broadcasting the tokens would add a collective to every step, and the drafts,
+KV moves and draft refresh that follow verification would still have to agree.)
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -28,6 +40,7 @@ import numpy as np
 import torch
 
 from adaspec.config import EngineConfig
+from adaspec.device.select import resolve_backend, resolve_device
 from adaspec.device.shift import Shift
 from adaspec.device.staging import Staging
 from adaspec.engine.cuda_graph import CudaGraphs, GraphInputs
@@ -36,34 +49,16 @@ from adaspec.engine.draft_refresh import DraftRefresh, refresh_entries, stage_re
 from adaspec.engine.draft_step import ChainDrafter, TreeStep
 from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.engine.step_layout import StepLayout, forward_inputs, layout_step, shifted_rows, stage_forward_inputs
+from adaspec.engine.step_program import ProgramCodec, StepProgram, phase
 from adaspec.engine.verify_step import PostForward, stage_verify, verify_inputs
 from adaspec.layers.attention import ForwardContext, forward_context, get_backend
 from adaspec.models.loader import load_model
+from adaspec.parallel import Shard, TPGroup
+from adaspec.parallel.layers import parallelize
 from adaspec.spec_decode.drafter import TreeDrafter
 
 CPU_DEFAULT_KV_BYTES = 128 * 2**20
 log = logging.getLogger("adaspec")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' requested but CUDA is not available")
-    return dev
-
-
-def resolve_backend(name: str, device: torch.device) -> str:
-    if name != "auto":
-        return name
-    if device.type == "cuda":
-        try:
-            import triton  # noqa: F401
-            return "triton"
-        except ImportError:
-            return "torch"
-    return "torch"
 
 
 @dataclass
@@ -78,39 +73,44 @@ class Launched:
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig):
+    """`tp`: this process's rank of a tensor-parallel world (workers get theirs from
+    `tp_worker`; a one-rank world runs the sharded layers alone). `driver`: this process is
+    rank 0 of a tensor-parallel engine (`tp_driver.TPDriver`, started by the Engine): every
+    step it prepares is sent to the workers (`launch`), and each rank runs the same device
+    work on its shard."""
+
+    def __init__(self, cfg: EngineConfig, tp: TPGroup | None = None, driver=None):
         self.cfg = cfg
-        self.device = resolve_device(cfg.device)
+        self.driver = driver
+        tp = driver.tp if driver is not None else tp
+        if cfg.tensor_parallel_size > 1 and (tp is None or tp.size != cfg.tensor_parallel_size):
+            raise ValueError(f"tensor_parallel_size={cfg.tensor_parallel_size} needs its world: build the engine "
+                             f"with Engine(cfg) (or LLM), which starts the workers")
+        self.tp = tp
+        self.device = tp.device if tp is not None else resolve_device(cfg.device)
+        with driver.busy() if driver is not None else contextlib.nullcontext():
+            self._build()
+
+    def _build(self) -> None:
+        cfg, tp = self.cfg, self.tp
         torch.manual_seed(cfg.seed)
-        self.model, self.model_spec, self.dtype = load_model(cfg.model, self.device, cfg.dtype, cfg.load_format,
-                                                             cfg.seed)
-        self.model.fuse()
+        shard = Shard(tp.rank, tp.size) if tp is not None else None
+        phase(tp, lambda: self._load_target(shard))
         self.backend = get_backend(resolve_backend(cfg.attention_backend, self.device))
         self.block_size = cfg.cache.block_size
         self.draft = None
         if cfg.spec.enabled:
-            from adaspec.spec_decode.eagle3_checkpoint import load_eagle3
-            self.draft = load_eagle3(cfg.spec.draft, self.model_spec, self.model.embed_tokens, self.device,
-                                     self.dtype, cfg.load_format, cfg.seed)
-            self.draft.fuse()
+            phase(tp, self._load_draft)
         self.model.capture = self.draft.aux_layers if self.draft is not None else ()
-        ms = self.model_spec
+        ms = self.local_spec   # this rank's heads (all of them without tensor parallelism)
         self.group = ms.num_heads // ms.num_kv_heads
         self.num_blocks = self._num_blocks()
+        if tp is not None:   # KV capacity profiled on every rank: the minimum wins
+            self.num_blocks = min(tp.exchange(self.num_blocks))
         # One block more than the scheduler hands out: padding requests of CUDA graphs map
         # every block to it (`setup`), so whatever they write lands where nothing reads.
         self.scratch_block = self.num_blocks
-        L, S = ms.num_layers, (self.num_blocks + 1) * self.block_size
-        # One tensor for every layer's K and V: accepted tree KV moves with one index op.
-        self.kv = torch.zeros(L, 2, S, ms.num_kv_heads, ms.head_dim, dtype=self.dtype, device=self.device)
-        self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(L)]
-        self.draft_cache = None
-        if self.draft is not None:  # one (k, v) pair per draft layer (most heads have one)
-            ds = self.draft.spec
-            self.draft_kv = torch.zeros(self.draft.num_layers, 2, S, ds.num_kv_heads, ds.head_dim, dtype=self.dtype,
-                                        device=self.device)
-            self.draft_cache = [(self.draft_kv[i, 0], self.draft_kv[i, 1]) for i in range(self.draft.num_layers)]
-            self.draft_group = ds.num_heads // ds.num_kv_heads
+        phase(tp, self._allocate_kv)
         # Simulated acceptance (benchmarks): its own stream, so it never moves real draws.
         self.sim_generator = np.random.default_rng(cfg.spec.simulate_seed)
         self.rows: DeviceRows | None = None
@@ -120,8 +120,51 @@ class ModelRunner:
         self.last_step_time = 0.0
         self.prev_speculative = False   # the last launched step verified drafts
 
+    def _load_target(self, shard: Shard | None) -> None:
+        cfg = self.cfg
+        self.model, self.model_spec, self.dtype = load_model(cfg.model, self.device, cfg.dtype, cfg.load_format,
+                                                             cfg.seed, shard=shard)
+        self.local_spec = self.model.spec
+        self.model.fuse()
+        if shard is not None:
+            parallelize(self.model, self.model_spec, shard, self.tp)
+
+    def _load_draft(self) -> None:
+        from adaspec.spec_decode.eagle3_checkpoint import load_eagle3
+        cfg = self.cfg   # replicated on every rank (draft TP 1): its inputs are complete on each
+        self.draft = load_eagle3(cfg.spec.draft, self.model_spec, self.model.embed_tokens, self.device,
+                                 self.dtype, cfg.load_format, cfg.seed)
+        self.draft.fuse()
+
+    def _allocate_kv(self) -> None:
+        ms = self.local_spec
+        L, S = ms.num_layers, (self.num_blocks + 1) * self.block_size
+        # One tensor for every layer's K and V: accepted tree KV moves with one index op.
+        self.kv = torch.zeros(L, 2, S, ms.num_kv_heads, ms.head_dim, dtype=self.dtype, device=self.device)
+        self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(L)]
+        self.draft_cache = self.draft_kv = None
+        if self.draft is not None:  # one (k, v) pair per draft layer (most heads have one)
+            ds = self.draft.spec
+            self.draft_kv = torch.zeros(self.draft.num_layers, 2, S, ds.num_kv_heads, ds.head_dim, dtype=self.dtype,
+                                        device=self.device)
+            self.draft_cache = [(self.draft_kv[i, 0], self.draft_kv[i, 1]) for i in range(self.draft.num_layers)]
+            self.draft_group = ds.num_heads // ds.num_kv_heads
+
     def setup(self, max_model_len: int) -> None:
-        """Size the persistent device state for `max_model_len` (called once by the engine)."""
+        """Size the persistent device state for `max_model_len` (called once by the engine;
+        with tensor parallelism on every rank: rank 0 has its workers do the same)."""
+        if self.driver is not None:
+            self.driver.setup(max_model_len)
+        with self.driver.busy() if self.driver is not None else contextlib.nullcontext():
+            phase(self.tp, lambda: self._setup(max_model_len))
+            if self.graphs is not None:
+                self.graphs.capture_all()
+        if self.device.type == "cuda":
+            self._warm_up_kernels()
+        if self.driver is not None:
+            self.driver.attach(ProgramCodec(self))
+
+    def _setup(self, max_model_len: int) -> None:
         sc, spc = self.cfg.scheduler, self.cfg.spec
         self.max_model_len = max_model_len
         self.max_draft = max(spc.num_steps, spc.resolved_num_draft_tokens) if self.draft is not None else 0
@@ -160,10 +203,8 @@ class ModelRunner:
         self.post = PostForward(self.model.lm_head, self.rows.last_token, self.rows.last_count, self.kv,
                                 self.rows.block_table, self.block_size, refresh)
         if self.device.type == "cuda" and self.backend.graphable and not self.cfg.enforce_eager:
-            self.graphs = self.make_graphs()
-            self.graphs.capture_all()
-        if self.device.type == "cuda":
-            self._warm_up_kernels()
+            self.graphs = self.make_graphs()   # (captured on every rank in the same order:
+                                               # the collectives inside meet)
 
     def make_graphs(self) -> CudaGraphs:
         """The graph owner, with its collaborators named (nothing else of the runner)."""
@@ -182,7 +223,7 @@ class ModelRunner:
         the shift kernels, now rather than at their first use while serving. A failure here
         costs only those stalls."""
         t0 = time.perf_counter()
-        heads = [(self.model_spec.num_heads, self.kv_caches[0], self.dtype, set(self.model_spec.sliding_windows))]
+        heads = [(self.local_spec.num_heads, self.kv_caches[0], self.dtype, set(self.model_spec.sliding_windows))]
         if self.draft is not None:
             heads.append((self.draft.spec.num_heads, self.draft_cache[0], self.dtype, {None}))
         n = 0
@@ -204,7 +245,7 @@ class ModelRunner:
     # ---- memory ---------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
         el = torch.tensor([], dtype=self.dtype).element_size()
-        ms = self.model_spec
+        ms = self.local_spec   # this rank's KV heads
         per_tok = 2 * ms.num_layers * ms.num_kv_heads * ms.head_dim * el
         if self.draft is not None:
             per_tok += 2 * self.draft.num_layers * self.draft.spec.num_kv_heads * self.draft.spec.head_dim * el
@@ -258,7 +299,8 @@ class ModelRunner:
         sets `self.last_step_time` (seconds)."""
         start, end = step.start, step.end
         if self.device.type == "cuda":
-            end.synchronize()
+            with self._tp_step():
+                end.synchronize()
             self.last_step_time = start.elapsed_time(end) / 1e3
         else:
             self.last_step_time = end - start
@@ -283,7 +325,23 @@ class ModelRunner:
         return time.perf_counter()
 
     def _enqueue(self, plan: StepPlan) -> tuple[StepLayout, torch.Tensor | None]:
-        """Stage the step and enqueue its device work; returns (layout, device output rows)."""
+        """Stage the step and enqueue its device work; returns (layout, device output rows).
+        With workers, the step reaches them between the two halves (`TPDriver.send`): the
+        program, then the staged buffers broadcast on the device."""
+        lay, prog = self._prepare(plan)
+        with self._tp_step():
+            if self.driver is not None:
+                self.driver.send(prog)
+            return lay, self.execute_program(prog)
+
+    def _tp_step(self):
+        """Rank 0 of a tensor-parallel engine: a step's part where a dead worker shows (as an
+        error, or a hang the driver breaks); see TPDriver.step."""
+        return self.driver.step() if self.driver is not None else contextlib.nullcontext()
+
+    def _prepare(self, plan: StepPlan) -> tuple[StepLayout, StepProgram]:
+        """The host half of a step: lay it out, stage it (ONE host->device copy per staging
+        buffer), and name the device work in a StepProgram."""
         sched = plan.scheduled
         rows = [self.rows.row_of(s.req) for s in sched]
         lay = layout_step(plan, self.prev_speculative)
@@ -336,30 +394,43 @@ class ModelRunner:
                                  self.max_draft) if lay.tree and lay.drafting else None
         shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh]
         stg.commit()
-        self.rows.apply_updates(upd_d.t if upd_d is not None else None)
-        for sh, staged in shifts:   # after the block-table update: slots are looked up in it
+        return lay, StepProgram(meta, ids_d, pos_d, graph, post, vb, bool(lay.verify), upd_d, fill, chain, trees,
+                                shifts, stg.offset, self.draft_stg.offset if (chain or trees) else 0)
+
+    def execute_program(self, p: StepProgram) -> torch.Tensor | None:
+        """The device half of a step (every rank runs it on its own buffers); returns the
+        device output rows, or None when nothing sampled."""
+        self.rows.apply_updates(p.upd.t if p.upd is not None else None)
+        for sh, staged in p.shifts:   # after the block-table update: slots are looked up in it
             sh.apply(staged, self.rows.last_count, self.rows.block_table, self.block_size)
-        if fill is not None:
-            ids_d[fill.t[0]] = self.rows.last_token[fill.t[1]]
+        ids_d, pos_d, vb = p.ids, p.pos, p.vb
+        if p.fill is not None:
+            ids_d[p.fill.t[0]] = self.rows.last_token[p.fill.t[1]]
 
         # ---- draft (on the device) ----
-        if chain is not None:
-            self.chain.run(chain, self.rows.draft_hidden, ids_d, vb.tokens.t)
-        if trees is not None:
-            self.trees.run(trees, self.rows.draft_hidden, meta, ids_d, pos_d, vb.tokens.t, vb.parents.t, vb.limit.t)
+        if p.chain is not None:
+            self.chain.run(p.chain, self.rows.draft_hidden, ids_d, vb.tokens.t)
+        if p.trees is not None:
+            self.trees.run(p.trees, self.rows.draft_hidden, p.meta, ids_d, pos_d, vb.tokens.t, vb.parents.t,
+                           vb.limit.t)
 
         # ---- target forward ----
-        if graph is not None:
-            hidden, aux = graph.replay()
+        if p.graph is not None:
+            hidden, aux = p.graph.replay()
         else:
-            with forward_context(ForwardContext(meta, self.backend, self.kv_caches)):
+            with forward_context(ForwardContext(p.meta, self.backend, self.kv_caches)):
                 hidden, aux = self.model(ids_d, pos_d)
-        if not lay.verify:
+        if not p.verifies:
             if vb.refresh is not None:
                 self.post.refresh.run(vb.refresh, aux)
-            return lay, None
+            return None
         # ---- verify, commit, output (one graph, or the same work eagerly) ----
-        return lay, (post.replay() if post is not None else self.post(hidden, aux, pos_d, vb))
+        return p.post.replay() if p.post is not None else self.post(hidden, aux, pos_d, vb)
+
+    def close(self) -> None:
+        """Stop the workers of a tensor-parallel engine (nothing to do for one process)."""
+        if self.driver is not None:
+            self.driver.close()
 
     def _sim_draws(self, B: int, pad: int, N: int, rate) -> np.ndarray | None:
         """Simulated acceptance: whether each draft of B requests is accepted (padding rows

@@ -8,7 +8,7 @@ core: the engine process only plans and launches steps, the server process only 
 
 Protocol (two one-way pipes, pickled tuples):
   server -> engine   ("add", id, prompt_ids, params) | ("abort", id) | ("stop",)
-  engine -> server   ("ready", info) | ("startup_error", type, message)
+  engine -> server   ("ready", info) | ("startup_error", type, message) | ("fatal", message)
                      ("out", [delta, ...], stats, (num_stalled_steps, stalled_since))
 A delta is (id, new_token_ids, new_text, finished, finish_reason, error, num_cached_tokens,
 spec): only what changed, so a step's message stays small however long the outputs grow;
@@ -66,8 +66,10 @@ class EngineProcess:
         ctx = mp.get_context("spawn")
         cmd_r, self._cmd = ctx.Pipe(duplex=False)
         self._out, out_w = ctx.Pipe(duplex=False)
+        # Daemonic unless it has tensor-parallel workers of its own (a daemonic process may not
+        # start children); it dies with this process either way (`_die_with_parent`, `close`).
         self._proc = ctx.Process(target=_engine_main, args=(cfg, cmd_r, out_w), name="adaspec-engine",
-                                 daemon=True)
+                                 daemon=cfg.tensor_parallel_size == 1)
         # Started with SIGINT ignored (inherited through exec), so a Ctrl-C during start-up, which
         # the terminal sends to the whole process group, reaches only this process: it stops
         # the child itself (below) instead of the child dying mid-import with a traceback.
@@ -96,6 +98,7 @@ class EngineProcess:
         self._stats = info["stats"]
         self.last_heard = time.monotonic()
         self.death_cause: str | None = None
+        self._fatal: str | None = None           # what the engine said before it exited, if it could
         self.num_stalled_steps, self.stalled_since = 0, None
         self._live: dict[str, _Live] = {}
         self._ready: deque[RequestOutput] = deque()
@@ -168,7 +171,8 @@ class EngineProcess:
         self.alive = False
         code = self._proc.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        self.death_cause = f"the engine process exited unexpectedly ({how})"
+        said = f": {self._fatal}" if self._fatal else ""
+        self.death_cause = f"the engine process exited unexpectedly ({how}){said}"
         return EngineProcessDied(self.death_cause)
 
     def _pump(self, timeout: float) -> None:
@@ -180,6 +184,8 @@ class EngineProcess:
         while waiting:
             msg = self._recv()
             self.last_heard = time.monotonic()
+            if msg[0] == "fatal":
+                self._fatal = msg[1]
             if msg[0] == "out":
                 _, deltas, self._stats, (self.num_stalled_steps, self.stalled_since) = msg
                 for d in deltas:
@@ -284,10 +290,22 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
                 elif c[0] == "stop":
                     for rid in list(engine.requests):
                         engine.abort_request(rid)
+                    engine.close()   # its tensor-parallel workers, if any
                     return
         except (EOFError, OSError):   # the server is gone
             return
-        outs = engine.step() if engine.has_unfinished() else []
+        try:
+            outs = engine.step() if engine.has_unfinished() else []
+        except Exception as e:
+            if engine.alive:
+                raise
+            try:   # the engine cannot continue (a tensor-parallel worker died): say why, then exit
+                out.send(("fatal", str(e)))
+            except (BrokenPipeError, OSError):
+                pass
+            logging.getLogger("adaspec").error("engine stopped: %s", e)
+            engine.close()
+            raise SystemExit(1) from None
         now = time.monotonic()
         if outs or failed or applied or now - last_sent > 0.5:
             try:

@@ -218,6 +218,7 @@ def test_server_info(server, dirs):
     stats = info["stats"]
     assert stats["num_total_blocks"] == 512 and 0 < stats["num_free_blocks"] <= 512
     assert stats["avg_accept_length"] >= 1.0 and stats["verify_steps"] > 0
+    assert cfg["tensor_parallel_size"] == stats["tensor_parallel_size"] == 1
 
 
 # ----- bad input ----------------------------------------------------------------------------------------
