@@ -226,7 +226,8 @@ class Engine:
         for req in reqs:
             if req.is_finished and self.detokenizer is not None and req.finish_reason != "stop":
                 self.detokenizer.flush(req)
-            new_ids = req.output_token_ids[req.num_emitted_reported:]
+            start = req.num_emitted_reported
+            new_ids = req.output_token_ids[start:]
             req.num_emitted_reported += len(new_ids)
             self.counters["generation_tokens"] += len(new_ids)
             text = new_text = None
@@ -243,7 +244,9 @@ class Engine:
                 finished=req.is_finished, finish_reason=req.finish_reason,
                 spec=req.spec_stats.as_dict() if req.is_finished else {},
                 num_cached_tokens=req.num_cached_tokens, error=req.error,
-                queue_time=None if req.first_scheduled is None else req.first_scheduled - req.arrival))
+                queue_time=None if req.first_scheduled is None else req.first_scheduled - req.arrival,
+                logprobs=req.logprobs, new_logprobs=req.logprobs[start:] if req.logprobs is not None else None,
+                prompt_logprobs=req.prompt_logprobs if req.is_finished or start == 0 else None))
             if req.is_finished:
                 self.requests.pop(req.request_id, None)
                 if req.finish_reason in ("stop", "length"):

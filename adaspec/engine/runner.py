@@ -36,6 +36,7 @@ from adaspec.engine.draft_refresh import DraftRefresh, refresh_entries, stage_re
 from adaspec.engine.draft_step import ChainDrafter, TreeStep
 from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.engine.step_layout import StepLayout, forward_inputs, layout_step, shifted_rows, stage_forward_inputs
+from adaspec.engine.penalty_step import unpack_logprobs
 from adaspec.engine.verify_step import PostForward, stage_verify, verify_inputs
 from adaspec.layers.attention import ForwardContext, forward_context, get_backend
 from adaspec.models.loader import load_model
@@ -73,6 +74,7 @@ class Launched:
     plan: StepPlan
     lay: StepLayout
     out: torch.Tensor | None          # host copy of [count | emitted | path | depth] per verify row
+    lp: torch.Tensor | None           # host copy of the logprob rows (penalty_step.token_logprobs)
     start: object                     # timer marks (CUDA events; wall-clock floats on CPU);
     end: object                       # `end` is recorded after the output copy
 
@@ -133,7 +135,8 @@ class ModelRunner:
             self.draft.prepare_rotary(max_pos, self.device)
         max_blocks = (max_pos + 1 + self.max_draft * max(1, spc.topk)) // self.block_size + 2
         hidden = self.draft.spec.hidden_size if self.draft is not None else None
-        self.rows = DeviceRows(2 * sc.max_num_seqs + 8, max_blocks, self.device, hidden, self.dtype)
+        self.rows = DeviceRows(2 * sc.max_num_seqs + 8, max_blocks, self.device, hidden, self.dtype,
+                               emitted_width=self.max_draft + 1)
         self.rows.block_table[self.rows.pad_row] = self.scratch_block
         n = spc.resolved_num_draft_tokens if self.draft is not None else 1
         max_rows = sc.max_num_batched_tokens + sc.max_num_seqs * (n + 1)
@@ -157,7 +160,8 @@ class ModelRunner:
             self.trees = TreeStep(TreeDrafter(self.draft, self.backend, self.block_size, self.draft_group),
                                   self.draft_cache, bt, pr)
             refresh = DraftRefresh(self.draft, self.backend, self.draft_cache, self.rows.draft_hidden)
-        self.post = PostForward(self.model.lm_head, self.rows.last_token, self.rows.last_count, self.kv,
+        self.post = PostForward(self.model.lm_head, self.rows.last_token, self.rows.last_count,
+                                self.rows.last_emitted, self.kv,
                                 self.rows.block_table, self.block_size, refresh)
         if self.device.type == "cuda" and self.backend.graphable and not self.cfg.enforce_eager:
             self.graphs = self.make_graphs()
@@ -242,7 +246,7 @@ class ModelRunner:
         with CUDA events: one enqueued at the start fires when the stream reaches it, so the
         span counts host preparation only while the device waits for it (right under overlap)."""
         timer = self._timer_mark()
-        lay, out = self._enqueue(plan)
+        lay, out, lp = self._enqueue(plan)
         self.prev_speculative = plan.speculative
         if out is not None and self.device.type == "cuda":
             host = self._out_host[self._out_flip][: out.numel()].view(out.shape)
@@ -251,7 +255,9 @@ class ModelRunner:
             out = host
         elif out is not None:   # a graph's static output is overwritten by the next step
             out = out.clone()
-        return Launched(plan, lay, out, timer, self._timer_mark())
+        if lp is not None:      # only the top-k of the emitted tokens' rows: small
+            lp = lp.to("cpu", non_blocking=True)
+        return Launched(plan, lay, out, lp, timer, self._timer_mark())
 
     def collect(self, step: Launched) -> list[StepResult]:
         """Wait for a launched step and return its results (one per scheduled request);
@@ -272,6 +278,11 @@ class ModelRunner:
             results[i] = StepResult(emitted=row[1:1 + cnt], num_accepted=cnt - 1,
                                     tree_depth=row[-1] if L.pad else 0, tree_nodes=L.nodes if L.pad else 0,
                                     path=row[2 + D: 2 + D + cnt - 1])
+        if step.lp is not None:
+            lp_reqs = [i for i in lay.verify if step.plan.scheduled[i].req.params.logprobs is not None]
+            for i, rows in zip(lp_reqs, step.lp.tolist()):
+                results[i].logprobs = unpack_logprobs(rows[:len(results[i].emitted)],
+                                                      step.plan.scheduled[i].req.params.logprobs)
         return results
 
     def _timer_mark(self):
@@ -282,8 +293,9 @@ class ModelRunner:
             return ev
         return time.perf_counter()
 
-    def _enqueue(self, plan: StepPlan) -> tuple[StepLayout, torch.Tensor | None]:
-        """Stage the step and enqueue its device work; returns (layout, device output rows)."""
+    def _enqueue(self, plan: StepPlan) -> tuple[StepLayout, torch.Tensor | None, torch.Tensor | None]:
+        """Stage the step and enqueue its device work; returns (layout, device output rows,
+        logprob rows)."""
         sched = plan.scheduled
         rows = [self.rows.row_of(s.req) for s in sched]
         lay = layout_step(plan, self.prev_speculative)
@@ -297,8 +309,8 @@ class ModelRunner:
         # Everything after the forward replays as one graph when the forward does, every
         # request is a decoder that samples, and every row is greedy.
         post = None
-        if graph is not None and len(lay.verify) == len(sched) and all(L.n_new == 1 for L in lay.reqs) \
-                and all(p.greedy for p in params):
+        plain = all(p.greedy and p.logprobs is None and not p.penalized for p in params)
+        if graph is not None and len(lay.verify) == len(sched) and all(L.n_new == 1 for L in lay.reqs) and plain:
             post = self.graphs.post_graph(graph, D, "sim" if sim is not None else "greedy")
         if extra:  # padding requests of the captured batch size: no keys, no KV writes
             fi.pad(extra, fi.q_lens[0], lay.tree)
@@ -323,7 +335,8 @@ class ModelRunner:
                                       self.block_size)
         vb = stage_verify(stg, verify_inputs(lay, vpad, self.rows.pad_row, rows),
                           self._sim_draws(len(lay.verify), vpad, N, sim), refresh, N, D, lay.tree,
-                          params, [sched[i].req.seed for i in lay.verify])
+                          params, [sched[i].req.seed for i in lay.verify],
+                          reqs=None if plain else [sched[i].req for i in lay.verify])
         if refresh is not None:
             stage_refresh_meta(stg, vb.refresh, refresh, shift, self.draft.num_layers, self.backend,
                                self.rows.block_table, self.block_size, self.draft_group)
@@ -357,9 +370,9 @@ class ModelRunner:
         if not lay.verify:
             if vb.refresh is not None:
                 self.post.refresh.run(vb.refresh, aux)
-            return lay, None
+            return lay, None, None
         # ---- verify, commit, output (one graph, or the same work eagerly) ----
-        return lay, (post.replay() if post is not None else self.post(hidden, aux, pos_d, vb))
+        return lay, *(post.replay() if post is not None else self.post(hidden, aux, pos_d, vb))
 
     def _sim_draws(self, B: int, pad: int, N: int, rate) -> np.ndarray | None:
         """Simulated acceptance: whether each draft of B requests is accepted (padding rows

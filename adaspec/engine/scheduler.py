@@ -83,6 +83,7 @@ class StepResult:
     tree_nodes: int = 0           # draft tokens verified
     path: list[int] = field(default_factory=list)  # accepted tree node indices, root excluded
     discarded: bool = False       # set by postprocess: the request had finished before (overlap)
+    logprobs: list | None = None  # per emitted token (logprob, [(id, logprob)]) if the request asks
 
 
 class Scheduler:
@@ -311,8 +312,10 @@ class Scheduler:
                 req.num_computed += res.num_accepted
             if s.draft is not None:
                 req.spec_stats.record(res.tree_depth, res.tree_nodes, res.num_accepted)
-            for tok in res.emitted:
+            for j, tok in enumerate(res.emitted):
                 req.all_token_ids.append(tok)
+                if res.logprobs is not None:
+                    req.logprobs.append(res.logprobs[j])
                 reason = self._stop_reason(req, tok)
                 if reason is not None:
                     self._finish(req, reason)
@@ -331,11 +334,13 @@ class Scheduler:
 
     def _stop_reason(self, req: Request, tok: int) -> str | None:
         p = req.params
-        if (tok in req.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
-            return "stop"
-        if self.detokenizer is not None and self.detokenizer.update(req):
-            return "stop"  # a stop string completed; the detokenizer cut the text
         n = len(req.all_token_ids)   # tokens read back (a later step may owe more)
+        # Before min_tokens no stop applies (stop ids are masked on the device anyway).
+        early = n - req.num_prompt_tokens <= p.min_tokens
+        if not early and ((tok in req.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids):
+            return "stop"
+        if self.detokenizer is not None and self.detokenizer.update(req, check_stop=not early):
+            return "stop"  # a stop string completed; the detokenizer cut the text
         if n - req.num_prompt_tokens >= p.max_tokens or n >= self.max_model_len:
             return "length"
         return None
