@@ -49,6 +49,9 @@ def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vo
     bad = [t for t in params.stop_token_ids if t >= vocab_size]
     if bad:
         raise ValueError(f"stop_token_ids: {bad[0]} is out of range [0, {vocab_size})")
+    bad = [t for t in (params.logit_bias or {}) if t >= vocab_size]
+    if bad:
+        raise ValueError(f"logit_bias: token id {bad[0]} is out of range [0, {vocab_size})")
     if len(ids) + params.max_tokens > max_model_len:
         raise ValueError(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
                          f"model's context of {max_model_len} tokens")
@@ -136,6 +139,8 @@ class Engine:
 
     def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> str:
         """Validate and queue a request. Raises ValueError saying what is wrong."""
+        if params.n != 1:
+            raise ValueError(f"n={params.n}: add each choice as its own request (SamplingParams.choices())")
         ids = check_request(prompt, params, self.tokenizer, self.vocab_size, self.max_model_len)
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
@@ -302,6 +307,8 @@ class LLM:
     top_p, top_k, min_p) unless the LLM was built with generation_config="none". A
     SamplingParams you construct yourself is used exactly as given (as in vLLM);
     `llm.default_sampling_params(max_tokens=64)` gives the model's defaults plus your fields.
+    With `n` > 1 a prompt has n outputs, in order (prompt-major): choice i is what n = 1
+    with seed + i returns; the choices share the prompt's KV through the prefix cache.
     """
 
     MAX_STALLED_STEPS = 100
@@ -327,6 +334,10 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        # n > 1: each choice is a request of its own (seed + index), right after its siblings;
+        # the outputs come prompt-major (prompt 0's n choices, then prompt 1's ...).
+        pairs = [(pr, c) for pr, p in zip(prompts, params) for c in p.choices()]
+        prompts, params = [pr for pr, _ in pairs], [c for _, c in pairs]
         base = next(self.engine._ids)
         ids = [f"llm-{base}-{i}" for i in range(len(prompts))]
         added = []

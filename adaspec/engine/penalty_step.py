@@ -112,3 +112,32 @@ def unpack_logprobs(rows: list, k: int) -> list[tuple[float, list[tuple[int, flo
     per emitted token."""
     K = (len(rows[0]) - 1) // 2 if rows else 0
     return [(r[0], [(int(r[1 + K + j]), r[1 + j]) for j in range(k)]) for r in rows]
+
+
+def prompt_logprob_rows(plan, lay) -> list[tuple[int, int, list[int], list[int]]]:
+    """(request index, first position, query rows, prompt tokens they predict) of the
+    requests in `plan` that want prompt logprobs and prefill in it: row j of a chunk starting
+    at position c predicts the prompt token at c + j + 1."""
+    out = []
+    for i, (s, L) in enumerate(zip(plan.scheduled, lay.reqs)):
+        r = s.req
+        if r.params.prompt_logprobs is None:
+            continue
+        c, n = r.num_computed, r.num_prompt_tokens
+        js = [j for j in range(L.n_new) if c + j + 1 < n]
+        if js:
+            out.append((i, c + 1, [L.row0 + j for j in js], [r.prompt_token_ids[c + j + 1] for j in js]))
+    return out
+
+
+def prompt_logprobs(lm_head, hidden: torch.Tensor, rows: list, k: int) -> torch.Tensor:
+    """[R, 1 + 2k] rows of `rows` (from `prompt_logprob_rows`): as `token_logprobs`, for the
+    prompt tokens each query row predicts."""
+    q = torch.tensor([x for _, _, rs, _ in rows for x in rs], dtype=torch.long).to(hidden.device)
+    tgt = torch.tensor([x for _, _, _, ts in rows for x in ts], dtype=torch.long).to(hidden.device)
+    lsm = torch.log_softmax(lm_head(hidden[q]).float(), dim=-1)
+    own = lsm.gather(1, tgt.unsqueeze(1))
+    if k == 0:
+        return own
+    top = lsm.topk(k, dim=-1)
+    return torch.cat([own, top.values, top.indices.float()], dim=1)

@@ -36,7 +36,7 @@ from adaspec.engine.draft_refresh import DraftRefresh, refresh_entries, stage_re
 from adaspec.engine.draft_step import ChainDrafter, TreeStep
 from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.engine.step_layout import StepLayout, forward_inputs, layout_step, shifted_rows, stage_forward_inputs
-from adaspec.engine.penalty_step import unpack_logprobs
+from adaspec.engine.penalty_step import prompt_logprob_rows, prompt_logprobs, unpack_logprobs
 from adaspec.engine.verify_step import PostForward, stage_verify, verify_inputs
 from adaspec.layers.attention import ForwardContext, forward_context, get_backend
 from adaspec.models.loader import load_model
@@ -77,6 +77,7 @@ class Launched:
     lp: torch.Tensor | None           # host copy of the logprob rows (penalty_step.token_logprobs)
     start: object                     # timer marks (CUDA events; wall-clock floats on CPU);
     end: object                       # `end` is recorded after the output copy
+    prompt_lp: tuple | None = None    # (penalty_step.prompt_logprob_rows, host copy of their logprobs)
 
 
 class ModelRunner:
@@ -121,6 +122,7 @@ class ModelRunner:
         self.max_model_len = 0
         self.last_step_time = 0.0
         self.prev_speculative = False   # the last launched step verified drafts
+        self._prompt_lp = None          # the launching step's prompt logprobs (device)
 
     def setup(self, max_model_len: int) -> None:
         """Size the persistent device state for `max_model_len` (called once by the engine)."""
@@ -257,7 +259,11 @@ class ModelRunner:
             out = out.clone()
         if lp is not None:      # only the top-k of the emitted tokens' rows: small
             lp = lp.to("cpu", non_blocking=True)
-        return Launched(plan, lay, out, lp, timer, self._timer_mark())
+        prompt_lp = None
+        if self._prompt_lp is not None:
+            rows, t = self._prompt_lp
+            prompt_lp = (rows, t.to("cpu", non_blocking=True))
+        return Launched(plan, lay, out, lp, timer, self._timer_mark(), prompt_lp)
 
     def collect(self, step: Launched) -> list[StepResult]:
         """Wait for a launched step and return its results (one per scheduled request);
@@ -270,8 +276,14 @@ class ModelRunner:
             self.last_step_time = end - start
         lay = step.lay
         results = [StepResult(emitted=[]) for _ in step.plan.scheduled]
-        if step.out is None:
-            return results
+        if step.out is not None:
+            self._read_out(step, results)
+        if step.prompt_lp is not None:
+            self._attach_prompt_logprobs(step, results)
+        return results
+
+    def _read_out(self, step: Launched, results: list[StepResult]) -> None:
+        lay = step.lay
         D = lay.D
         for row, i in zip(step.out.tolist(), lay.verify):
             cnt, L = row[0], lay.reqs[i]
@@ -283,7 +295,16 @@ class ModelRunner:
             for i, rows in zip(lp_reqs, step.lp.tolist()):
                 results[i].logprobs = unpack_logprobs(rows[:len(results[i].emitted)],
                                                       step.plan.scheduled[i].req.params.logprobs)
-        return results
+
+    @staticmethod
+    def _attach_prompt_logprobs(step: Launched, results: list[StepResult]) -> None:
+        rows, t = step.prompt_lp
+        t = t.tolist()
+        at = 0
+        for i, first, qs, _ in rows:
+            k = step.plan.scheduled[i].req.params.prompt_logprobs
+            results[i].prompt_logprobs = (first, unpack_logprobs(t[at:at + len(qs)], k))
+            at += len(qs)
 
     def _timer_mark(self):
         """A point in the stream (a recorded CUDA event), or the wall clock on CPU."""
@@ -367,6 +388,11 @@ class ModelRunner:
         else:
             with forward_context(ForwardContext(meta, self.backend, self.kv_caches)):
                 hidden, aux = self.model(ids_d, pos_d)
+        self._prompt_lp = None
+        plp = prompt_logprob_rows(plan, lay)
+        if plp:
+            k = max(sched[i].req.params.prompt_logprobs for i, _, _, _ in plp)
+            self._prompt_lp = (plp, prompt_logprobs(self.model.lm_head, hidden, plp, k))
         if not lay.verify:
             if vb.refresh is not None:
                 self.post.refresh.run(vb.refresh, aux)
