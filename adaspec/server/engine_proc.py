@@ -11,7 +11,8 @@ Protocol (two one-way pipes, pickled tuples):
   engine -> server   ("ready", info) | ("startup_error", type, message)
                      ("out", [delta, ...], stats, (num_stalled_steps, stalled_since))
 A delta is (id, new_token_ids, new_text, finished, finish_reason, error, num_cached_tokens,
-spec, queue_time, new_logprobs, prompt_logprobs): only what changed (prompt logprobs once, in the first), so a step's message stays small however long the outputs grow;
+spec, queue_time, new_logprobs, prompt_logprobs): only what changed (prompt logprobs in the
+first and the last only), so a step's message stays small however long the outputs grow;
 this side accumulates the full token ids and text.
 
 Requests are validated HERE with the engine's own checks (`check_request`), so a bad request
