@@ -304,7 +304,7 @@ class LLM:
 
     Sampling defaults: `generate(prompts)` without SamplingParams uses
     `llm.default_sampling_params()`, i.e. the model's generation_config.json (temperature,
-    top_p, top_k, min_p) unless the LLM was built with generation_config="none". A
+    top_p, top_k, min_p, penalties) unless the LLM was built with generation_config="none". A
     SamplingParams you construct yourself is used exactly as given (as in vLLM);
     `llm.default_sampling_params(max_tokens=64)` gives the model's defaults plus your fields.
     With `n` > 1 a prompt has n outputs, in order (prompt-major): choice i is what n = 1

@@ -4,7 +4,7 @@ responses and SSE streams out. The routes (`server/api.py`) only hand it bodies.
 Defaults (documented because OpenAI leaves them to the server):
   max_tokens  /v1/completions: min(16, context left), the legacy OpenAI default;
               /v1/chat/completions: all the context left after the prompt.
-  temperature, top_p, top_k, min_p: the model's generation_config.json where it sets them
+  temperature, top_p, top_k, min_p, penalties: the model's generation_config.json where it sets them
               (--generation-config auto, the default; e.g. Llama-3.1: 0.6 / 0.9), else
               1.0, 1.0, -1 (off), 0.0 (OpenAI's and vLLM's). /server_info shows the ones in
               force under config.sampling_defaults; a request's own fields always win.
@@ -183,9 +183,9 @@ class OpenAIServing:
                 min_p=defaults["min_p"] if req.min_p is None else float(req.min_p),
                 seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids or [],
                 ignore_eos=req.ignore_eos, speculate=req.speculate, max_draft_tokens=req.max_draft_tokens,
-                presence_penalty=float(req.presence_penalty or 0.0),
-                frequency_penalty=float(req.frequency_penalty or 0.0),
-                repetition_penalty=1.0 if req.repetition_penalty is None else float(req.repetition_penalty),
+                **{f: float(defaults.get(f, neutral) if getattr(req, f) is None else getattr(req, f))
+                   for f, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                                      ("repetition_penalty", 1.0))},
                 logit_bias=req.logit_bias_ids(), min_tokens=req.min_tokens or 0,
                 logprobs=logprobs, prompt_logprobs=prompt_logprobs, n=req.n)
         except ValueError as e:
