@@ -168,12 +168,8 @@ class OpenAIServing:
             max_tokens = min(default_max_tokens, limit - len(prompt_ids))
         defaults = {**BUILTIN_SAMPLING_DEFAULTS, **self.aengine.sampling_defaults}
         chat = isinstance(req, ChatCompletionRequest)
-        if chat:
-            logprobs = (req.top_logprobs or 0) if req.logprobs else None
-            prompt_logprobs = None
-        else:
-            logprobs = req.logprobs
-            prompt_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
+        logprobs = ((req.top_logprobs or 0) if req.logprobs else None) if chat else req.logprobs
+        prompt_logprobs = None if chat or not req.echo else req.logprobs   # echo repeats the prompt's too
         try:
             params = SamplingParams(
                 max_tokens=max_tokens,
