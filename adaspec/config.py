@@ -153,7 +153,7 @@ class EngineConfig:
     # (like vLLM's --generation-config auto); "none": adaspec's own defaults (OpenAI's).
     generation_config: str = opt(
         "auto", "--generation-config", "auto: sampling fields a request leaves out (temperature, top_p, "
-        "top_k, min_p) default to the model's generation_config.json; none: to 1.0 / 1.0 / -1 / 0.0",
+        "top_k, min_p, penalties) default to the model's generation_config.json; none: to 1.0 / 1.0 / -1 / 0.0",
         choices=GENERATION_CONFIG_MODES)
     chat_template: str | None = opt(None, "--chat-template", "a Jinja chat template (a file, or the template "
                                     "itself) replacing the tokenizer's", check=_chat_template,

@@ -49,6 +49,9 @@ def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vo
     bad = [t for t in params.stop_token_ids if t >= vocab_size]
     if bad:
         raise ValueError(f"stop_token_ids: {bad[0]} is out of range [0, {vocab_size})")
+    bad = [t for t in (params.logit_bias or {}) if t >= vocab_size]
+    if bad:
+        raise ValueError(f"logit_bias: token id {bad[0]} is out of range [0, {vocab_size})")
     if len(ids) + params.max_tokens > max_model_len:
         raise ValueError(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
                          f"model's context of {max_model_len} tokens")
@@ -157,6 +160,8 @@ class Engine:
 
     def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> str:
         """Validate and queue a request. Raises ValueError saying what is wrong."""
+        if params.n != 1:
+            raise ValueError(f"n={params.n}: add each choice as its own request (SamplingParams.choices())")
         ids = check_request(prompt, params, self.tokenizer, self.vocab_size, self.max_model_len)
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
@@ -247,7 +252,8 @@ class Engine:
         for req in reqs:
             if req.is_finished and self.detokenizer is not None and req.finish_reason != "stop":
                 self.detokenizer.flush(req)
-            new_ids = req.output_token_ids[req.num_emitted_reported:]
+            start = req.num_emitted_reported
+            new_ids = req.output_token_ids[start:]
             req.num_emitted_reported += len(new_ids)
             self.counters["generation_tokens"] += len(new_ids)
             text = new_text = None
@@ -264,7 +270,9 @@ class Engine:
                 finished=req.is_finished, finish_reason=req.finish_reason,
                 spec=req.spec_stats.as_dict() if req.is_finished else {},
                 num_cached_tokens=req.num_cached_tokens, error=req.error,
-                queue_time=None if req.first_scheduled is None else req.first_scheduled - req.arrival))
+                queue_time=None if req.first_scheduled is None else req.first_scheduled - req.arrival,
+                logprobs=req.logprobs, new_logprobs=req.logprobs[start:] if req.logprobs is not None else None,
+                prompt_logprobs=req.prompt_logprobs if req.is_finished or start == 0 else None))
             if req.is_finished:
                 self.requests.pop(req.request_id, None)
                 if req.finish_reason in ("stop", "length"):
@@ -335,9 +343,11 @@ class LLM:
 
     Sampling defaults: `generate(prompts)` without SamplingParams uses
     `llm.default_sampling_params()`, i.e. the model's generation_config.json (temperature,
-    top_p, top_k, min_p) unless the LLM was built with generation_config="none". A
+    top_p, top_k, min_p, penalties) unless the LLM was built with generation_config="none". A
     SamplingParams you construct yourself is used exactly as given (as in vLLM);
     `llm.default_sampling_params(max_tokens=64)` gives the model's defaults plus your fields.
+    With `n` > 1 a prompt has n outputs, in order (prompt-major): choice i is what n = 1
+    with seed + i returns; the choices share the prompt's KV through the prefix cache.
     """
 
     MAX_STALLED_STEPS = 100
@@ -363,6 +373,10 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        # n > 1: each choice is a request of its own (seed + index), right after its siblings;
+        # the outputs come prompt-major (prompt 0's n choices, then prompt 1's ...).
+        pairs = [(pr, c) for pr, p in zip(prompts, params) for c in p.choices()]
+        prompts, params = [pr for pr, _ in pairs], [c for _, c in pairs]
         base = next(self.engine._ids)
         ids = [f"llm-{base}-{i}" for i in range(len(prompts))]
         added = []

@@ -49,6 +49,7 @@ from adaspec.engine.draft_refresh import DraftRefresh, refresh_entries, stage_re
 from adaspec.engine.draft_step import ChainDrafter, TreeStep
 from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.engine.step_layout import StepLayout, forward_inputs, layout_step, shifted_rows, stage_forward_inputs
+from adaspec.engine.penalty_step import prompt_logprob_rows, prompt_logprobs, unpack_logprobs
 from adaspec.engine.step_program import ProgramCodec, StepProgram, phase
 from adaspec.engine.verify_step import PostForward, stage_verify, verify_inputs
 from adaspec.layers.attention import ForwardContext, forward_context, get_backend
@@ -68,8 +69,10 @@ class Launched:
     plan: StepPlan
     lay: StepLayout
     out: torch.Tensor | None          # host copy of [count | emitted | path | depth] per verify row
+    lp: torch.Tensor | None           # host copy of the logprob rows (penalty_step.token_logprobs)
     start: object                     # timer marks (CUDA events; wall-clock floats on CPU);
     end: object                       # `end` is recorded after the output copy
+    prompt_lp: tuple | None = None    # (penalty_step.prompt_logprob_rows, host copy of their logprobs)
 
 
 class ModelRunner:
@@ -119,6 +122,7 @@ class ModelRunner:
         self.max_model_len = 0
         self.last_step_time = 0.0
         self.prev_speculative = False   # the last launched step verified drafts
+        self._prompt_lp = None          # the launching step's prompt logprobs (device)
 
     def _load_target(self, shard: Shard | None) -> None:
         cfg = self.cfg
@@ -176,7 +180,8 @@ class ModelRunner:
             self.draft.prepare_rotary(max_pos, self.device)
         max_blocks = (max_pos + 1 + self.max_draft * max(1, spc.topk)) // self.block_size + 2
         hidden = self.draft.spec.hidden_size if self.draft is not None else None
-        self.rows = DeviceRows(2 * sc.max_num_seqs + 8, max_blocks, self.device, hidden, self.dtype)
+        self.rows = DeviceRows(2 * sc.max_num_seqs + 8, max_blocks, self.device, hidden, self.dtype,
+                               emitted_width=self.max_draft + 1)
         self.rows.block_table[self.rows.pad_row] = self.scratch_block
         n = spc.resolved_num_draft_tokens if self.draft is not None else 1
         max_rows = sc.max_num_batched_tokens + sc.max_num_seqs * (n + 1)
@@ -200,7 +205,8 @@ class ModelRunner:
             self.trees = TreeStep(TreeDrafter(self.draft, self.backend, self.block_size, self.draft_group),
                                   self.draft_cache, bt, pr)
             refresh = DraftRefresh(self.draft, self.backend, self.draft_cache, self.rows.draft_hidden)
-        self.post = PostForward(self.model.lm_head, self.rows.last_token, self.rows.last_count, self.kv,
+        self.post = PostForward(self.model.lm_head, self.rows.last_token, self.rows.last_count,
+                                self.rows.last_emitted, self.kv,
                                 self.rows.block_table, self.block_size, refresh)
         if self.device.type == "cuda" and self.backend.graphable and not self.cfg.enforce_eager:
             self.graphs = self.make_graphs()   # (captured on every rank in the same order:
@@ -283,7 +289,7 @@ class ModelRunner:
         with CUDA events: one enqueued at the start fires when the stream reaches it, so the
         span counts host preparation only while the device waits for it (right under overlap)."""
         timer = self._timer_mark()
-        lay, out = self._enqueue(plan)
+        lay, out, lp = self._enqueue(plan)
         self.prev_speculative = plan.speculative
         if out is not None and self.device.type == "cuda":
             host = self._out_host[self._out_flip][: out.numel()].view(out.shape)
@@ -292,7 +298,13 @@ class ModelRunner:
             out = host
         elif out is not None:   # a graph's static output is overwritten by the next step
             out = out.clone()
-        return Launched(plan, lay, out, timer, self._timer_mark())
+        if lp is not None:      # only the top-k of the emitted tokens' rows: small
+            lp = lp.to("cpu", non_blocking=True)
+        prompt_lp = None
+        if self._prompt_lp is not None:
+            rows, t = self._prompt_lp
+            prompt_lp = (rows, t.to("cpu", non_blocking=True))
+        return Launched(plan, lay, out, lp, timer, self._timer_mark(), prompt_lp)
 
     def collect(self, step: Launched) -> list[StepResult]:
         """Wait for a launched step and return its results (one per scheduled request);
@@ -304,17 +316,36 @@ class ModelRunner:
             self.last_step_time = start.elapsed_time(end) / 1e3
         else:
             self.last_step_time = end - start
-        lay = step.lay
         results = [StepResult(emitted=[]) for _ in step.plan.scheduled]
-        if step.out is None:
-            return results
+        if step.out is not None:
+            self._read_out(step, results)
+        if step.prompt_lp is not None:
+            self._attach_prompt_logprobs(step, results)
+        return results
+
+    def _read_out(self, step: Launched, results: list[StepResult]) -> None:
+        lay = step.lay
         D = lay.D
         for row, i in zip(step.out.tolist(), lay.verify):
             cnt, L = row[0], lay.reqs[i]
             results[i] = StepResult(emitted=row[1:1 + cnt], num_accepted=cnt - 1,
                                     tree_depth=row[-1] if L.pad else 0, tree_nodes=L.nodes if L.pad else 0,
                                     path=row[2 + D: 2 + D + cnt - 1])
-        return results
+        if step.lp is not None:
+            lp_reqs = [i for i in lay.verify if step.plan.scheduled[i].req.params.logprobs is not None]
+            for i, rows in zip(lp_reqs, step.lp.tolist()):
+                results[i].logprobs = unpack_logprobs(rows[:len(results[i].emitted)],
+                                                      step.plan.scheduled[i].req.params.logprobs)
+
+    @staticmethod
+    def _attach_prompt_logprobs(step: Launched, results: list[StepResult]) -> None:
+        rows, t = step.prompt_lp
+        t = t.tolist()
+        at = 0
+        for i, first, qs, _ in rows:
+            k = step.plan.scheduled[i].req.params.prompt_logprobs
+            results[i].prompt_logprobs = (first, unpack_logprobs(t[at:at + len(qs)], k))
+            at += len(qs)
 
     def _timer_mark(self):
         """A point in the stream (a recorded CUDA event), or the wall clock on CPU."""
@@ -324,15 +355,15 @@ class ModelRunner:
             return ev
         return time.perf_counter()
 
-    def _enqueue(self, plan: StepPlan) -> tuple[StepLayout, torch.Tensor | None]:
-        """Stage the step and enqueue its device work; returns (layout, device output rows).
-        With workers, the step reaches them between the two halves (`TPDriver.send`): the
-        program, then the staged buffers broadcast on the device."""
+    def _enqueue(self, plan: StepPlan) -> tuple[StepLayout, torch.Tensor | None, torch.Tensor | None]:
+        """Stage the step and enqueue its device work; returns (layout, device output rows,
+        logprob rows). With workers, the step reaches them between the two halves
+        (`TPDriver.send`): the program, then the staged buffers broadcast on the device."""
         lay, prog = self._prepare(plan)
         with self._tp_step():
             if self.driver is not None:
                 self.driver.send(prog)
-            return lay, self.execute_program(prog)
+            return (lay, *self.execute_program(prog))
 
     def _tp_step(self):
         """Rank 0 of a tensor-parallel engine: a step's part where a dead worker shows (as an
@@ -355,8 +386,8 @@ class ModelRunner:
         # Everything after the forward replays as one graph when the forward does, every
         # request is a decoder that samples, and every row is greedy.
         post = None
-        if graph is not None and len(lay.verify) == len(sched) and all(L.n_new == 1 for L in lay.reqs) \
-                and all(p.greedy for p in params):
+        plain = all(p.greedy and p.logprobs is None and not p.penalized for p in params)
+        if graph is not None and len(lay.verify) == len(sched) and all(L.n_new == 1 for L in lay.reqs) and plain:
             post = self.graphs.post_graph(graph, D, "sim" if sim is not None else "greedy")
         if extra:  # padding requests of the captured batch size: no keys, no KV writes
             fi.pad(extra, fi.q_lens[0], lay.tree)
@@ -381,7 +412,8 @@ class ModelRunner:
                                       self.block_size)
         vb = stage_verify(stg, verify_inputs(lay, vpad, self.rows.pad_row, rows),
                           self._sim_draws(len(lay.verify), vpad, N, sim), refresh, N, D, lay.tree,
-                          params, [sched[i].req.seed for i in lay.verify])
+                          params, [sched[i].req.seed for i in lay.verify],
+                          reqs=None if plain else [sched[i].req for i in lay.verify])
         if refresh is not None:
             stage_refresh_meta(stg, vb.refresh, refresh, shift, self.draft.num_layers, self.backend,
                                self.rows.block_table, self.block_size, self.draft_group)
@@ -394,12 +426,14 @@ class ModelRunner:
                                  self.max_draft) if lay.tree and lay.drafting else None
         shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh]
         stg.commit()
+        plp = prompt_logprob_rows(plan, lay)
+        prompt_lp = (plp, max(sched[i].req.params.prompt_logprobs for i, _, _, _ in plp)) if plp else None
         return lay, StepProgram(meta, ids_d, pos_d, graph, post, vb, bool(lay.verify), upd_d, fill, chain, trees,
-                                shifts, stg.offset, self.draft_stg.offset if (chain or trees) else 0)
+                                shifts, stg.offset, self.draft_stg.offset if (chain or trees) else 0, prompt_lp)
 
-    def execute_program(self, p: StepProgram) -> torch.Tensor | None:
+    def execute_program(self, p: StepProgram) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The device half of a step (every rank runs it on its own buffers); returns the
-        device output rows, or None when nothing sampled."""
+        device output rows and logprob rows (None when nothing sampled / asked for them)."""
         self.rows.apply_updates(p.upd.t if p.upd is not None else None)
         for sh, staged in p.shifts:   # after the block-table update: slots are looked up in it
             sh.apply(staged, self.rows.last_count, self.rows.block_table, self.block_size)
@@ -420,10 +454,14 @@ class ModelRunner:
         else:
             with forward_context(ForwardContext(p.meta, self.backend, self.kv_caches)):
                 hidden, aux = self.model(ids_d, pos_d)
+        self._prompt_lp = None
+        if p.prompt_lp is not None:
+            plp, k = p.prompt_lp
+            self._prompt_lp = (plp, prompt_logprobs(self.model.lm_head, hidden, plp, k))
         if not p.verifies:
             if vb.refresh is not None:
                 self.post.refresh.run(vb.refresh, aux)
-            return None
+            return None, None
         # ---- verify, commit, output (one graph, or the same work eagerly) ----
         return p.post.replay() if p.post is not None else self.post(hidden, aux, pos_d, vb)
 

@@ -37,6 +37,7 @@ class StepProgram:
     shifts: list            # [(Shift, staged index arrays)]
     nbytes: int             # bytes staged in the step's buffer
     draft_nbytes: int       # ... and in the drafters' buffer (0: not used this step)
+    prompt_lp: tuple | None = None   # (prompt logprob rows, top-k) of the step, or None
 
 
 def phase(tp, fn) -> None:
@@ -65,7 +66,8 @@ class ProgramCodec:
         self.objects = {"stg": runner.stg, "draft_stg": runner.draft_stg}
         rows = runner.rows
         bases = {"stg": runner.stg.dev, "draft_stg": runner.draft_stg.dev, "block_table": rows.block_table,
-                 "last_token": rows.last_token, "last_count": rows.last_count, "draft_hidden": rows.draft_hidden,
+                 "last_token": rows.last_token, "last_count": rows.last_count,
+                 "last_emitted": rows.last_emitted, "draft_hidden": rows.draft_hidden,
                  "kv": runner.kv, "draft_kv": runner.draft_kv}
         self.bases = {k: v for k, v in bases.items() if v is not None}
         self.by_storage = {v.untyped_storage().data_ptr(): k for k, v in self.bases.items()}

@@ -11,7 +11,8 @@ Protocol (two one-way pipes, pickled tuples):
   engine -> server   ("ready", info) | ("startup_error", type, message) | ("fatal", message)
                      ("out", [delta, ...], stats, (num_stalled_steps, stalled_since))
 A delta is (id, new_token_ids, new_text, finished, finish_reason, error, num_cached_tokens,
-spec): only what changed, so a step's message stays small however long the outputs grow;
+spec, queue_time, new_logprobs, prompt_logprobs): only what changed (prompt logprobs in the
+first and the last only), so a step's message stays small however long the outputs grow;
 this side accumulates the full token ids and text.
 
 Requests are validated HERE with the engine's own checks (`check_request`), so a bad request
@@ -54,6 +55,8 @@ class _Live:
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
     text: str | None = None
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
 
 class EngineProcess:
@@ -195,11 +198,17 @@ class EngineProcess:
             waiting = self._out.poll(0)
 
     def _apply(self, d) -> RequestOutput | None:
-        rid, new_ids, new_text, finished, reason, error, cached, spec, queued = d
+        rid, new_ids, new_text, finished, reason, error, cached, spec, queued, new_lps, prompt_lps = d
         live = self._live.get(rid)
         if live is None:          # aborted here meanwhile
             return None
         live.token_ids.extend(new_ids)
+        if new_lps is not None:
+            if live.logprobs is None:
+                live.logprobs = []
+            live.logprobs.extend(new_lps)
+        if prompt_lps is not None:
+            live.prompt_logprobs = prompt_lps
         if new_text is not None and live.text is not None:
             live.text += new_text
         if finished:
@@ -210,7 +219,8 @@ class EngineProcess:
                              token_ids=list(live.token_ids) if finished else live.token_ids,
                              text=live.text, new_token_ids=new_ids, new_text=new_text, finished=finished,
                              finish_reason=reason, spec=spec, num_cached_tokens=cached, error=error,
-                             queue_time=queued)
+                             queue_time=queued, new_logprobs=new_lps, prompt_logprobs=live.prompt_logprobs,
+                             logprobs=list(live.logprobs) if finished and live.logprobs is not None else live.logprobs)
 
 
 def _ignore_sigint():
@@ -241,7 +251,7 @@ def _die_with_parent() -> None:
 
 def _delta(o: RequestOutput) -> tuple:
     return (o.request_id, o.new_token_ids, o.new_text, o.finished, o.finish_reason, o.error, o.num_cached_tokens,
-            o.spec, o.queue_time)
+            o.spec, o.queue_time, o.new_logprobs, o.prompt_logprobs)
 
 
 def _engine_main(cfg: EngineConfig, cmd, out) -> None:
@@ -284,7 +294,7 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
                         engine.add_request(c[1], c[2], c[3])
                     except Exception as e:  # noqa: BLE001 - checked on the server side already
                         failed.append((c[1], [], None, True, "abort", f"the engine refused the request: {e}",
-                                       0, {}, None))
+                                       0, {}, None, None, None))
                 elif c[0] == "abort":
                     engine.abort_request(c[1])
                 elif c[0] == "stop":

@@ -4,7 +4,7 @@ responses and SSE streams out. The routes (`server/api.py`) only hand it bodies.
 Defaults (documented because OpenAI leaves them to the server):
   max_tokens  /v1/completions: min(16, context left), the legacy OpenAI default;
               /v1/chat/completions: all the context left after the prompt.
-  temperature, top_p, top_k, min_p: the model's generation_config.json where it sets them
+  temperature, top_p, top_k, min_p, penalties: the model's generation_config.json where it sets them
               (--generation-config auto, the default; e.g. Llama-3.1: 0.6 / 0.9), else
               1.0, 1.0, -1 (off), 0.0 (OpenAI's and vLLM's). /server_info shows the ones in
               force under config.sampling_defaults; a request's own fields always win.
@@ -31,11 +31,12 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from adaspec.engine.request import RequestOutput
-from adaspec.sampling import SamplingParams
+from adaspec.sampling import MAX_N, SamplingParams
 from adaspec.server.async_engine import AsyncEngine, EngineError, RequestStream
 from adaspec.server.body import parse_body
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from adaspec.server.logprobs import TokenText, chat_logprobs, completion_logprobs
 from adaspec.server.streaming import stream_response
 from adaspec.server.chat_prompt import encode_chat_untrusted
 from adaspec.server.info import BUILTIN_SAMPLING_DEFAULTS, server_info
@@ -45,7 +46,8 @@ logger = logging.getLogger("adaspec.server")
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                   "stop_token_ids", "max_draft_tokens")
+                   "stop_token_ids", "max_draft_tokens", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "logit_bias", "min_tokens", "logprobs", "prompt_logprobs", "n")
 
 @dataclass
 class ServerSettings:
@@ -69,6 +71,7 @@ class ServerSettings:
 class _Prepared:
     prompt_ids: list[int]
     params: SamplingParams
+    prompt_text: str | None = None   # what `echo` repeats
 
 
 def _param_of(err: ValueError, default: str | None = None) -> str | None:
@@ -136,9 +139,8 @@ class OpenAIServing:
         if req.model is not None and req.model not in self.model_names:
             raise APIError(f"The model `{req.model}` does not exist.", status=404, param="model",
                            code="model_not_found")
-        if req.n != 1:
-            raise APIError(f"n must be 1 (got {req.n}); send several prompts for several choices",
-                           param="n")
+        if not 1 <= req.n <= MAX_N:
+            raise APIError(f"n must be in [1, {MAX_N}], got {req.n}", param="n")
         bad = req.unsupported()
         if bad is not None:
             raise APIError(bad[1], param=bad[0])
@@ -148,7 +150,8 @@ class OpenAIServing:
             raise APIError("this model has no tokenizer: send the prompt as token ids", param=param)
         return encode_text(self.tokenizer, text)
 
-    def _prepare(self, req, prompt_ids: list[int], default_max_tokens: int, param: str) -> _Prepared:
+    def _prepare(self, req, prompt_ids: list[int], default_max_tokens: int, param: str) -> list[_Prepared]:
+        """The request's `n` choices of one prompt (seed + index each)."""
         limit = self.aengine.max_model_len
         if not prompt_ids:
             raise APIError("the prompt is empty", param=param)
@@ -164,6 +167,9 @@ class OpenAIServing:
         if not explicit:
             max_tokens = min(default_max_tokens, limit - len(prompt_ids))
         defaults = {**BUILTIN_SAMPLING_DEFAULTS, **self.aengine.sampling_defaults}
+        chat = isinstance(req, ChatCompletionRequest)
+        logprobs = ((req.top_logprobs or 0) if req.logprobs else None) if chat else req.logprobs
+        prompt_logprobs = None if chat or not req.echo else req.logprobs   # echo repeats the prompt's too
         try:
             params = SamplingParams(
                 max_tokens=max_tokens,
@@ -172,20 +178,27 @@ class OpenAIServing:
                 top_k=defaults["top_k"] if req.top_k is None else req.top_k,
                 min_p=defaults["min_p"] if req.min_p is None else float(req.min_p),
                 seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids or [],
-                ignore_eos=req.ignore_eos, speculate=req.speculate, max_draft_tokens=req.max_draft_tokens)
+                ignore_eos=req.ignore_eos, speculate=req.speculate, max_draft_tokens=req.max_draft_tokens,
+                **{f: float(defaults.get(f, neutral) if getattr(req, f) is None else getattr(req, f))
+                   for f, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                                      ("repetition_penalty", 1.0))},
+                logit_bias=req.logit_bias_ids(), min_tokens=req.min_tokens or 0,
+                logprobs=logprobs, prompt_logprobs=prompt_logprobs, n=req.n)
         except ValueError as e:
             param = _param_of(e)
+            if chat and param == "logprobs":
+                param = "top_logprobs"
             raise APIError(str(e), param=max_param if param == "max_tokens" else param) from None
         vocab = getattr(self.aengine, "vocab_size", None)
-        beyond = [t for t in params.stop_token_ids if vocab is not None and t >= vocab]
-        if beyond:
-            raise APIError(f"stop_token_ids: token id {beyond[0]} is out of range [0, {vocab})",
-                           param="stop_token_ids")
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or {})):
+            beyond = [t for t in ids if vocab is not None and t >= vocab]
+            if beyond:
+                raise APIError(f"{name}: token id {beyond[0]} is out of range [0, {vocab})", param=name)
         if explicit and len(prompt_ids) + max_tokens > limit:
             raise APIError(f"this model's maximum context length is {limit} tokens, but {len(prompt_ids)} "
                            f"prompt tokens + {max_param}={max_tokens} exceed it", param=max_param,
                            code="context_length_exceeded")
-        return _Prepared(prompt_ids, params)
+        return [_Prepared(prompt_ids, c) for c in params.choices()]
 
     def prepare_completion(self, req: CompletionRequest) -> list[_Prepared]:
         self._check_common(req)
@@ -212,7 +225,12 @@ class OpenAIServing:
                 ids = self._encode(item, "prompt")
             else:
                 ids = list(item)
-            out.append(self._prepare(req, ids, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt"))
+            choices = self._prepare(req, ids, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt")
+            if req.echo:
+                text = item if isinstance(item, str) else (self.tokenizer.decode(ids) if self.tokenizer else "")
+                for c in choices:
+                    c.prompt_text = text
+            out += choices
         return out
 
     def prepare_chat(self, req: ChatCompletionRequest) -> list[_Prepared]:
@@ -225,7 +243,7 @@ class OpenAIServing:
             ids = encode_chat_untrusted(self.tokenizer, messages)
         except Exception as e:  # jinja's TemplateError or a template's raise_exception()
             raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
-        return [self._prepare(req, ids, self.aengine.max_model_len, "messages")]
+        return self._prepare(req, ids, self.aengine.max_model_len, "messages")
 
     # ----- submission -----------------------------------------------------------------------------
     async def submit(self, request_id: str, prepared: list[_Prepared]) -> list[RequestStream]:
@@ -334,8 +352,9 @@ class OpenAIServing:
 
     # ----- response bodies ------------------------------------------------------------------------
     @staticmethod
-    def usage(finals: list[RequestOutput]) -> dict:
-        p = sum(len(o.prompt_token_ids) for o in finals)
+    def usage(finals: list[RequestOutput], n: int = 1) -> dict:
+        """Token counts; a prompt's tokens count once however many choices it has."""
+        p = sum(len(o.prompt_token_ids) for o in finals[::n])
         c = sum(len(o.token_ids) for o in finals)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
@@ -351,9 +370,21 @@ class OpenAIServing:
         model = req.model or self.settings.served_model_name
         streams = await self.submit(rid, prepared)
         base = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        text_of = TokenText(self.tokenizer)
+        offsets = [0] * len(prepared)     # text offset of each choice's next token
+        echoed = [not req.echo] * len(prepared)
 
-        def choice(i: int, text: str, out: RequestOutput, finish: str | None, new_ids: list[int]) -> dict:
-            c = {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+        def choice(i: int, text: str, out: RequestOutput, finish: str | None, new_ids: list[int], lps) -> dict:
+            prompt = None
+            if not echoed[i]:   # the prompt (and its logprobs) once, before the choice's first text
+                echoed[i] = True
+                text = (prepared[i].prompt_text or "") + text
+                if out.prompt_logprobs is not None:
+                    prompt = (out.prompt_token_ids, out.prompt_logprobs)
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs, offsets[i] = completion_logprobs(text_of, new_ids, lps or [], offsets[i], prompt)
+            c = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
             if req.return_token_ids:
                 c["token_ids"] = new_ids
                 if finish is not None or not req.stream:
@@ -363,15 +394,16 @@ class OpenAIServing:
         if req.stream:
             def chunk(i: int, out: RequestOutput) -> dict:
                 finish = out.finish_reason if out.finished else None
-                return {**base, "choices": [choice(i, out.new_text or "", out, finish, out.new_token_ids)]}
+                return {**base, "choices": [choice(i, out.new_text or "", out, finish, out.new_token_ids,
+                                                   out.new_logprobs)]}
             return stream_response(self, streams, chunk, base, req, first=None)
 
         finals = await self.collect(streams, raw)
         if finals is None:
             return Response(status_code=499)
-        return JSONResponse({**base, "choices": [choice(i, o.text or "", o, o.finish_reason, o.token_ids)
+        return JSONResponse({**base, "choices": [choice(i, o.text or "", o, o.finish_reason, o.token_ids, o.logprobs)
                                                  for i, o in enumerate(finals)],
-                             "usage": self.usage(finals)})
+                             "usage": self.usage(finals, req.n)})
 
     async def chat(self, body: bytes, raw: Request) -> Response:
         req, prepared = await self.off_loop(self._parse_and_prepare, body, ChatCompletionRequest,
@@ -380,6 +412,10 @@ class OpenAIServing:
         created = int(time.time())
         model = req.model or self.settings.served_model_name
         streams = await self.submit(rid, prepared)
+        text_of = TokenText(self.tokenizer)
+
+        def logprobs(ids: list[int], lps) -> dict | None:
+            return chat_logprobs(text_of, ids, lps or []) if req.logprobs else None
 
         if req.stream:
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
@@ -390,7 +426,7 @@ class OpenAIServing:
 
             def chunk(i: int, out: RequestOutput) -> dict:
                 delta = {"content": out.new_text} if out.new_text else {}
-                c = {"index": i, "delta": delta, "logprobs": None,
+                c = {"index": i, "delta": delta, "logprobs": logprobs(out.new_token_ids, out.new_logprobs),
                      "finish_reason": out.finish_reason if out.finished else None}
                 if req.return_token_ids:
                     c["token_ids"] = out.new_token_ids
@@ -403,13 +439,13 @@ class OpenAIServing:
         choices = []
         for i, o in enumerate(finals):
             c = {"index": i, "message": {"role": "assistant", "content": o.text or ""},
-                 "logprobs": None, "finish_reason": o.finish_reason}
+                 "logprobs": logprobs(o.token_ids, o.logprobs), "finish_reason": o.finish_reason}
             if req.return_token_ids:
                 c["token_ids"] = o.token_ids
                 c["prompt_token_ids"] = o.prompt_token_ids
             choices.append(c)
         return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
-                             "choices": choices, "usage": self.usage(finals)})
+                             "choices": choices, "usage": self.usage(finals, req.n)})
 
     def server_info(self) -> dict:
         """/server_info (`server/info.py`)."""
