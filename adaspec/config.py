@@ -153,11 +153,17 @@ class EngineConfig:
     # (like vLLM's --generation-config auto); "none": adaspec's own defaults (OpenAI's).
     generation_config: str = opt(
         "auto", "--generation-config", "auto: sampling fields a request leaves out (temperature, top_p, "
-        "top_k, min_p) default to the model's generation_config.json; none: to 1.0 / 1.0 / -1 / 0.0",
+        "top_k, min_p, penalties) default to the model's generation_config.json; none: to 1.0 / 1.0 / -1 / 0.0",
         choices=GENERATION_CONFIG_MODES)
     chat_template: str | None = opt(None, "--chat-template", "a Jinja chat template (a file, or the template "
                                     "itself) replacing the tokenizer's", check=_chat_template,
                                     default_text="the tokenizer's")
+
+    # Tensor parallelism: one process per rank (rank 0 is this one and plans every step; the
+    # others are spawned workers). 1 = the single-process engine, no extra processes.
+    tensor_parallel_size: int = opt(1, "--tensor-parallel-size", "shard the target over this many GPUs (one "
+                                    "worker process per extra GPU; gloo processes on CPU)", type=int, ge=1,
+                                    aliases=("-tp",))
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -12,10 +12,14 @@ draft is deterministic, so accepting the draft child equal to the target's draw 
 rejection sampling with a one-hot proposal: lossless, see `spec_decode.verifier`.) Requests
 without a seed get a random one when they arrive.
 
-Order of the transforms (vLLM's): temperature, min-p, top-k, top-p.
+Order of the transforms (vLLM's): the history-dependent processors of `adaspec.penalties`
+(logit_bias, min_tokens, repetition / frequency / presence penalties) on the raw logits, then
+temperature, min-p, top-k, top-p. Reported logprobs are the RAW model's (vLLM's default
+`logprobs_mode=raw_logprobs`): log_softmax of the target's logits before any of these.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +30,12 @@ from adaspec.structured.spec import StructuredOutput
 # Below this temperature a request is greedy (as vLLM treats it): dividing by a tinier one
 # overflows float32 and turns the distribution into NaNs.
 GREEDY_EPS = 1e-5
+MAX_LOGPROBS = 20   # alternatives per token (OpenAI's limit, vLLM's default max_logprobs)
+MAX_N = 64          # choices per prompt
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass
@@ -36,7 +46,18 @@ class SamplingParams:
     and min_p 0.0 disable those filters. `seed` makes a request's sampling reproducible
     regardless of what else is in the batch and of speculation. `speculate=False` opts the
     request out of speculation; `max_draft_tokens` caps its draft budget. `structured`
-    constrains the output to a grammar (JSON, a JSON Schema, a regex, ...: adaspec/structured).
+    constrains the output to a grammar (JSON, a JSON Schema, a regex, ...: adaspec/structured;
+    not with `min_tokens`, which could mask the grammar's only legal token, its end).
+
+    History-dependent (vLLM's semantics, `adaspec.penalties`): `presence_penalty` and
+    `frequency_penalty` (in [-2, 2]) count the output tokens, `repetition_penalty` (> 0, 1 =
+    off) the prompt and output tokens; `logit_bias` {token id: bias in [-100, 100]} is added
+    to the logits; `min_tokens` masks EOS and `stop_token_ids` (and suspends stop strings)
+    until that many tokens were generated. `logprobs` = k asks for the log-probability of
+    every generated token and the k most likely alternatives (0: the token's own only);
+    `prompt_logprobs` the same for every prompt token (the request then skips the prefix
+    cache, whose blocks have no logits). `n` choices of one prompt: `choices()` gives their
+    per-choice params (seed + index).
     """
 
     max_tokens: int = 16
@@ -50,6 +71,14 @@ class SamplingParams:
     ignore_eos: bool = False
     speculate: bool = True
     max_draft_tokens: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    n: int = 1
     structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
@@ -57,6 +86,7 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = [s for s in (self.stop or [])]
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
         self.validate()
 
     def validate(self) -> None:
@@ -81,6 +111,43 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise ValueError(f"structured must be a StructuredOutput, got {type(self.structured).__name__}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not -2.0 <= v <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {v!r}")
+        rp = self.repetition_penalty
+        if not isinstance(rp, (int, float)) or isinstance(rp, bool) or not 0.0 < rp <= 100.0:
+            raise ValueError(f"repetition_penalty must be in (0, 100], got {rp!r}")
+        for t, b in (self.logit_bias or {}).items():
+            if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                raise ValueError(f"logit_bias keys must be token ids (non-negative integers), got {t!r}")
+            if not isinstance(b, (int, float)) or isinstance(b, bool) or not -100.0 <= b <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {b!r} for token {t}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {v!r}")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
+        if self.structured is not None and self.min_tokens:
+            raise ValueError("min_tokens cannot be combined with a structured output: the grammar decides where "
+                             "the output ends, and masking its end token could leave no legal token")
+
+    @property
+    def penalized(self) -> bool:
+        """The request's logits depend on its history (`adaspec.penalties`)."""
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+                or bool(self.logit_bias) or self.min_tokens > 0)
+
+    def choices(self) -> list["SamplingParams"]:
+        """The params of each of the `n` choices: n = 1 each, seeded seed + index (unseeded
+        choices stay unseeded: each gets its own random seed)."""
+        if self.n == 1:
+            return [self]
+        return [dataclasses.replace(self, n=1, seed=None if self.seed is None else self.seed + i)
+                for i in range(self.n)]
 
     @property
     def greedy(self) -> bool:

@@ -199,7 +199,9 @@ def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False, warmup:
         except Exception as ex:  # a failed profile must not lose the timings
             out["profile"] = {"error": repr(ex)}
     runner = eng.runner
-    if runner.graphs is not None:
+    # (Graphs replayed alone on rank 0 of a TP engine would wait in their collectives for
+    # workers that replay nothing: measured with one process only.)
+    if runner.graphs is not None and getattr(runner, "driver", None) is None:
         q = 1 + (eng.last_draft_len if eng.last_draft_len else 0)
         tree = eng.config.spec.topk > 1 and eng.last_draft_len > 0
         g = runner.graphs.lookup([q] * b, tree)

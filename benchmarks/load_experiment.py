@@ -57,6 +57,7 @@ from adaspec.bench.report import plot_runs, write_json  # noqa: E402
 from adaspec.bench.shapes import SHAPES, write_shape_dirs  # noqa: E402
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "h200" / "load_experiment"
+DEFAULT_OUT_TP = REPO / "benchmarks" / "results" / "h200x2" / "load_experiment_tp2"
 SCRIPT = "python3 benchmarks/load_experiment.py"
 
 
@@ -64,7 +65,10 @@ SCRIPT = "python3 benchmarks/load_experiment.py"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=SCRIPT, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out-dir", default=str(DEFAULT_OUT), help="default: %(default)s")
+    p.add_argument("--out-dir", default=None,
+                   help=f"default: {DEFAULT_OUT} ({DEFAULT_OUT_TP} with --tensor-parallel-size 2 and up)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="every server and the offline reference shard the target over this many GPUs")
     p.add_argument("--part", default=None,
                    help="name of this part (DIR/part-NAME); default 'all', or the selected labels")
     p.add_argument("--only", default=None, help="comma-separated configuration labels to run")
@@ -158,6 +162,8 @@ def model_dirs(a: argparse.Namespace) -> tuple[str, str | None, bool]:
 
 def engine_words(a: argparse.Namespace, dummy: bool) -> list[str]:
     words = ["--device", a.device, "--dtype", a.dtype, "--seed", str(a.seed)]
+    if a.tensor_parallel_size > 1:
+        words += ["--tensor-parallel-size", str(a.tensor_parallel_size)]
     if dummy:
         words += ["--load-format", "dummy"]
     return words + shlex.split(a.engine_flags)
@@ -415,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = build_parser()
     a = p.parse_args(argv)
+    if a.out_dir is None:
+        a.out_dir = str(DEFAULT_OUT_TP if a.tensor_parallel_size > 1 else DEFAULT_OUT)
     out = Path(a.out_dir)
     if a.merge:
         out.mkdir(parents=True, exist_ok=True)

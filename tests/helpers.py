@@ -84,39 +84,45 @@ def check_against_hf(model_dir, prompts, outs, what):
     assert compared > len(prompts) * MAX_NEW // 2, f"{what}: too few tokens compared ({compared})"
 
 
-def two_token_law(model_dir, head_dir, n: int, prompt=(1, 5, 3, 2, 7), temp: float = 1.3, grammar=None):
-    """Speculative sampling (a tree of 4 over 2 steps) on a target with a vocabulary of 8, n
-    copies of one prompt: (the chi-square p-value of the first two tokens' joint law against
-    the target's p(t1) p(t2 | t1) by transformers, the LLM). The second token comes from a
-    verify step, so the law is that of speculative sampling. `grammar` = (GrammarCache,
-    StructuredOutput, tokens allowed first, tokens allowed second): the requests follow the
-    grammar and the expected law is the target's masked to those tokens."""
+def two_token_expected(model_dir, prompt=(1, 5, 3, 2, 7), temp: float = 1.3, process=None) -> dict:
+    """The target's p(t1) p(t2 | t1) by transformers, on a vocabulary of 8; `process(logits [V],
+    prompt, output so far)` transforms the logits first (a reference's own implementation)."""
     from transformers import AutoModelForCausalLM
-
-    from adaspec import LLM
 
     prompt = list(prompt)
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    proc = process or (lambda lg, _p, _o: lg)
     with torch.no_grad():
-        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1] / temp, -1)
-        p2 = torch.softmax(hf(torch.tensor([[*prompt, t] for t in range(8)])).logits[:, -1] / temp, -1)
-    structured = None
-    if grammar is not None:
-        cache, structured, first, second = grammar
-        p1 = p1 * torch.isin(torch.arange(8), torch.tensor(first))
-        p2 = p2 * torch.isin(torch.arange(8), torch.tensor(second))
-        p1, p2 = p1 / p1.sum(), p2 / p2.sum(-1, keepdim=True)
-    expected = {(a, b): float(p1[a] * p2[a, b]) for a in range(8) for b in range(8)}
+        l1 = hf(torch.tensor([prompt])).logits[0, -1]
+        l2 = hf(torch.tensor([[*prompt, t] for t in range(8)])).logits[:, -1]
+        p1 = torch.softmax(proc(l1.clone(), prompt, []) / temp, -1)
+        p2 = torch.stack([torch.softmax(proc(l2[t].clone(), prompt, [t]) / temp, -1) for t in range(8)])
+    return {(a, b): float(p1[a] * p2[a, b]) for a in range(8) for b in range(8)}
+
+
+def two_token_counts(model_dir, head_dir, n: int, prompt=(1, 5, 3, 2, 7), temp: float = 1.3, sampling=None,
+                     grammars=None):
+    """Speculative sampling (a tree of 4 over 2 steps), n copies of one prompt: ({(t1, t2):
+    count}, the LLM, the outputs). The second token comes from a verify step. `sampling`:
+    more SamplingParams fields; `grammars`: the engine's GrammarCache (a tokenizer-free
+    vocabulary's, for `structured` requests)."""
+    from adaspec import LLM
+
     llm = LLM(str(model_dir), draft=str(head_dir), speculation="always", num_steps=2, topk=2, num_draft_tokens=4,
               device="cpu", dtype="float32", seed=7)
-    if grammar is not None:
-        llm.engine.grammars = cache
-    outs = llm.generate([prompt] * n, SamplingParams(max_tokens=3, temperature=temp, ignore_eos=True,
-                                                     structured=structured))
+    if grammars is not None:
+        llm.engine.grammars = grammars
+    outs = llm.generate([list(prompt)] * n, SamplingParams(max_tokens=3, temperature=temp, ignore_eos=True,
+                                                           **(sampling or {})))
     counts: dict = {}
     for o in outs:
         k = tuple(o.token_ids[:2])
         counts[k] = counts.get(k, 0) + 1
-    if grammar is not None:
-        return chi2_pvalue(counts, expected, n), llm, outs
-    return chi2_pvalue(counts, expected, n), llm
+    return counts, llm, outs
+
+
+def two_token_law(model_dir, head_dir, n: int, prompt=(1, 5, 3, 2, 7), temp: float = 1.3):
+    """(the chi-square p-value of `two_token_counts` against `two_token_expected`, the LLM):
+    the law of speculative sampling against the target's."""
+    counts, llm, _ = two_token_counts(model_dir, head_dir, n, prompt, temp)
+    return chi2_pvalue(counts, two_token_expected(model_dir, prompt, temp), n), llm

@@ -26,20 +26,24 @@ class Detokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def update(self, req: Request) -> bool:
+    def update(self, req: Request, check_stop: bool = True) -> bool:
         """Extend `req.text` with what the newest tokens spell. Returns True (and cuts the text
-        before the stop string) if one of the request's stop strings has appeared."""
+        before the stop string) if one of the request's stop strings has appeared (looked for
+        only when `check_stop`: min_tokens suspends them)."""
         if self.backend is not None:
-            return self._update_stream(req)
+            return self._update_stream(req, check_stop)
         ids = req.output_token_ids
         prefix = self._decode(ids[req.prefix_offset:req.read_offset])
         full = self._decode(ids[req.prefix_offset:])
         if len(full) > len(prefix) and not full.endswith(REPLACEMENT):
             req.text += full[len(prefix):]
             req.prefix_offset, req.read_offset = req.read_offset, len(ids)
+        if not check_stop:
+            req.stop_checked_len = len(req.text)
+            return False
         return self._check_stop(req)
 
-    def _update_stream(self, req: Request) -> bool:
+    def _update_stream(self, req: Request, check_stop: bool = True) -> bool:
         from tokenizers.decoders import DecodeStream
 
         if req.decode_stream is None:
@@ -51,6 +55,9 @@ class Detokenizer:
                 req.text += piece
                 req.prefix_offset = i + 1
         req.read_offset = len(ids)
+        if not check_stop:
+            req.stop_checked_len = len(req.text)
+            return False
         return self._check_stop(req)
 
     def flush(self, req: Request) -> None:

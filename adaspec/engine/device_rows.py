@@ -17,7 +17,7 @@ class DeviceRows:
     """Per-request rows of persistent device state."""
 
     def __init__(self, num_rows: int, max_blocks: int, device: torch.device, draft_hidden: int | None,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, emitted_width: int = 1):
         self.num_rows = num_rows
         self.block_table = torch.zeros(num_rows + 1, max_blocks, dtype=torch.int32, device=device)
         self.max_blocks = max_blocks
@@ -27,6 +27,9 @@ class DeviceRows:
         # before they were read back (the input token, and the shift of its positions).
         self.last_token = torch.zeros(num_rows + 1, dtype=torch.int64, device=device)
         self.last_count = torch.ones(num_rows + 1, dtype=torch.int64, device=device)
+        # ... and every token of that step (the first `last_count`): the penalties of a step
+        # planned before they were read back count them (engine/penalty_step.py).
+        self.last_emitted = torch.zeros(num_rows + 1, emitted_width, dtype=torch.int64, device=device)
         self.owner: list[Request | None] = [None] * num_rows
         self.free = list(range(num_rows - 1, -1, -1))
         self.pad_row = num_rows  # the row of padding requests of CUDA graphs (the runner maps its blocks)

@@ -50,6 +50,9 @@ def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vo
     bad = [t for t in params.stop_token_ids if t >= vocab_size]
     if bad:
         raise ValueError(f"stop_token_ids: {bad[0]} is out of range [0, {vocab_size})")
+    bad = [t for t in (params.logit_bias or {}) if t >= vocab_size]
+    if bad:
+        raise ValueError(f"logit_bias: token id {bad[0]} is out of range [0, {vocab_size})")
     if len(ids) + params.max_tokens > max_model_len:
         raise ValueError(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
                          f"model's context of {max_model_len} tokens")
@@ -67,7 +70,28 @@ class Engine:
 
     def __init__(self, cfg: EngineConfig, runner: ModelRunner | None = None):
         self.config = cfg
-        self.runner = runner if runner is not None else ModelRunner(cfg)
+        self.runner = runner if runner is not None else self._make_runner(cfg)
+        try:
+            self._start(cfg)
+        except BaseException:
+            self.close()   # a tensor-parallel runner's workers go with the failed start
+            raise
+
+    @staticmethod
+    def _make_runner(cfg: EngineConfig) -> ModelRunner:
+        """The runner; with tensor_parallel_size > 1, rank 0's, after its workers started."""
+        if cfg.tensor_parallel_size == 1:
+            return ModelRunner(cfg)
+        from adaspec.device.select import resolve_device
+        from adaspec.engine.tp_driver import TPDriver
+        driver = TPDriver.start(cfg, resolve_device(cfg.device))
+        try:
+            return ModelRunner(cfg, driver=driver)
+        except BaseException:
+            driver.close()
+            raise
+
+    def _start(self, cfg: EngineConfig) -> None:
         self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, cfg.chat_template)
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
         bs = cfg.cache.block_size
@@ -138,6 +162,8 @@ class Engine:
 
     def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> str:
         """Validate and queue a request. Raises ValueError saying what is wrong."""
+        if params.n != 1:
+            raise ValueError(f"n={params.n}: add each choice as its own request (SamplingParams.choices())")
         ids = check_request(prompt, params, self.tokenizer, self.vocab_size, self.max_model_len)
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
@@ -146,6 +172,9 @@ class Engine:
         seed = params.seed if params.seed is not None else random_seed(self.rng)
         req = Request(request_id, ids, params, eos, seed=seed)
         if params.structured is not None:
+            if self.config.tensor_parallel_size > 1:
+                from adaspec.engine.grammar_step import TP_UNSUPPORTED
+                raise ValueError(TP_UNSUPPORTED)
             req.grammar = self.grammar_cache().matcher(params.structured)
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -248,7 +277,8 @@ class Engine:
         for req in reqs:
             if req.is_finished and self.detokenizer is not None and req.finish_reason != "stop":
                 self.detokenizer.flush(req)
-            new_ids = req.output_token_ids[req.num_emitted_reported:]
+            start = req.num_emitted_reported
+            new_ids = req.output_token_ids[start:]
             req.num_emitted_reported += len(new_ids)
             self.counters["generation_tokens"] += len(new_ids)
             text = new_text = None
@@ -265,7 +295,9 @@ class Engine:
                 finished=req.is_finished, finish_reason=req.finish_reason,
                 spec=req.spec_stats.as_dict() if req.is_finished else {},
                 num_cached_tokens=req.num_cached_tokens, error=req.error,
-                queue_time=None if req.first_scheduled is None else req.first_scheduled - req.arrival))
+                queue_time=None if req.first_scheduled is None else req.first_scheduled - req.arrival,
+                logprobs=req.logprobs, new_logprobs=req.logprobs[start:] if req.logprobs is not None else None,
+                prompt_logprobs=req.prompt_logprobs if req.is_finished or start == 0 else None))
             if req.is_finished:
                 self.requests.pop(req.request_id, None)
                 if req.finish_reason in ("stop", "length"):
@@ -273,6 +305,23 @@ class Engine:
         return outs
 
     # ---- observability --------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        """False once a tensor-parallel worker failed: the engine cannot step any more (the
+        server's AsyncEngine then fails what is in flight and reports the engine dead)."""
+        return self.death_cause is None
+
+    @property
+    def death_cause(self) -> str | None:
+        driver = getattr(self.runner, "driver", None)
+        return driver.failure if driver is not None else None
+
+    def close(self) -> None:
+        """Stop the workers of a tensor-parallel engine (a no-op for one process)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
     @property
     def num_free_blocks(self) -> int:
         return self.kv.num_free
@@ -302,6 +351,7 @@ class Engine:
             "num_steps": self.counters["num_steps"],
             "overlapped_steps": self.counters["overlapped_steps"],
             "attention_backend": self.runner.backend.name,
+            "tensor_parallel_size": self.config.tensor_parallel_size,
             "cuda_graphs": (len(self.runner.graphs.graphs) + len(self.runner.graphs.draft_graphs)
                             if self.runner.graphs else 0),
             "cuda_graph_capture_s": round(self.runner.graphs.capture_seconds, 2) if self.runner.graphs else 0.0,
@@ -318,9 +368,11 @@ class LLM:
 
     Sampling defaults: `generate(prompts)` without SamplingParams uses
     `llm.default_sampling_params()`, i.e. the model's generation_config.json (temperature,
-    top_p, top_k, min_p) unless the LLM was built with generation_config="none". A
+    top_p, top_k, min_p, penalties) unless the LLM was built with generation_config="none". A
     SamplingParams you construct yourself is used exactly as given (as in vLLM);
     `llm.default_sampling_params(max_tokens=64)` gives the model's defaults plus your fields.
+    With `n` > 1 a prompt has n outputs, in order (prompt-major): choice i is what n = 1
+    with seed + i returns; the choices share the prompt's KV through the prefix cache.
     """
 
     MAX_STALLED_STEPS = 100
@@ -346,6 +398,10 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        # n > 1: each choice is a request of its own (seed + index), right after its siblings;
+        # the outputs come prompt-major (prompt 0's n choices, then prompt 1's ...).
+        pairs = [(pr, c) for pr, p in zip(prompts, params) for c in p.choices()]
+        prompts, params = [pr for pr, _ in pairs], [c for _, c in pairs]
         base = next(self.engine._ids)
         ids = [f"llm-{base}-{i}" for i in range(len(prompts))]
         added = []
@@ -380,3 +436,7 @@ class LLM:
 
     def stats(self) -> dict:
         return self.engine.stats()
+
+    def close(self) -> None:
+        """Release the engine's worker processes (tensor parallelism); also done at exit."""
+        self.engine.close()

@@ -99,6 +99,12 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     queue_time: float | None = None  # seconds from arrival to first scheduled (set once scheduled)
+    # SamplingParams.logprobs: per generated token (logprob, [(token id, logprob)] * k), raw
+    # target log-probabilities; `new_logprobs` for `new_token_ids`, `logprobs` for `token_ids`.
+    logprobs: list | None = None
+    new_logprobs: list | None = None
+    # SamplingParams.prompt_logprobs: per prompt token, None for the first, else as above.
+    prompt_logprobs: list | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -131,6 +137,9 @@ class Request:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.spec_stats = SpecStats()
+        self.logprobs: list | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list | None = ([None] * len(prompt_token_ids) if params.prompt_logprobs is not None
+                                             else None)
         self.row = -1                   # row of the runner's persistent device state (-1: none)
         self.table_synced = 0           # leading block_ids the device block table already holds
         self.num_preemptions = 0

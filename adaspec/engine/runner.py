@@ -17,9 +17,21 @@ One step (`launch` enqueues it, `collect` waits for it):
 Between `launch` and `collect` the engine plans and launches the next step (overlap): a
 request whose last token is still on the device (`Request.pending`) gets it from
 `DeviceRows.last_token`, filled on the device before the forward.
+
+A step has a host half (`_prepare`: steps 1's layout and staging, naming the device work in a
+`StepProgram`) and a device half (`execute_program`: steps 2-4). With tensor parallelism
+(`tensor_parallel_size` > 1) this process is rank 0: it prepares every step once and sends it
+to the workers (`tp_driver`), and every rank runs the device half on its shard of the model
+(`adaspec/parallel`). They choose the same tokens without a word: the logits every rank
+verifies come from one all-gather (the same bytes everywhere), the hidden states from
+all-reduces that give every rank the same sum, and sampling draws its noise from each
+request's seed and position, so identical logits make identical choices, drafts and KV. (Rank 0
+deciding and broadcasting the tokens would add a collective to every step, and the drafts,
+KV moves and draft refresh that follow verification would still have to agree.)
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -28,43 +40,29 @@ import numpy as np
 import torch
 
 from adaspec.config import EngineConfig
+from adaspec.device.select import resolve_backend, resolve_device
 from adaspec.device.shift import Shift
 from adaspec.device.staging import Staging
 from adaspec.engine.cuda_graph import CudaGraphs, GraphInputs
 from adaspec.engine.device_rows import DeviceRows
 from adaspec.engine.draft_refresh import DraftRefresh, refresh_entries, stage_refresh_meta
 from adaspec.engine.draft_step import ChainDrafter, TreeStep
+from adaspec.engine.grammar_step import GrammarMasks, grammar_step
 from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.engine.step_layout import StepLayout, forward_inputs, layout_step, shifted_rows, stage_forward_inputs
+from adaspec.engine.kernel_warm_up import warm_up_kernels
+from adaspec.engine.penalty_step import attach_prompt_logprobs, prompt_logprob_rows, prompt_logprobs, \
+    unpack_logprobs
+from adaspec.engine.step_program import ProgramCodec, StepProgram, phase
 from adaspec.engine.verify_step import PostForward, stage_verify, verify_inputs
 from adaspec.layers.attention import ForwardContext, forward_context, get_backend
 from adaspec.models.loader import load_model
+from adaspec.parallel import Shard, TPGroup
+from adaspec.parallel.layers import parallelize
 from adaspec.spec_decode.drafter import TreeDrafter
-from adaspec.structured.bitmask import step_bitmask
 
 CPU_DEFAULT_KV_BYTES = 128 * 2**20
 log = logging.getLogger("adaspec")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' requested but CUDA is not available")
-    return dev
-
-
-def resolve_backend(name: str, device: torch.device) -> str:
-    if name != "auto":
-        return name
-    if device.type == "cuda":
-        try:
-            import triton  # noqa: F401
-            return "triton"
-        except ImportError:
-            return "torch"
-    return "torch"
 
 
 @dataclass
@@ -74,44 +72,51 @@ class Launched:
     plan: StepPlan
     lay: StepLayout
     out: torch.Tensor | None          # host copy of [count | emitted | path | depth] per verify row
+    lp: torch.Tensor | None           # host copy of the logprob rows (penalty_step.token_logprobs)
     start: object                     # timer marks (CUDA events; wall-clock floats on CPU);
     end: object                       # `end` is recorded after the output copy
+    prompt_lp: tuple | None = None    # (penalty_step.prompt_logprob_rows, host copy of their logprobs)
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig):
+    """`tp`: this process's rank of a tensor-parallel world (workers get theirs from
+    `tp_worker`; a one-rank world runs the sharded layers alone). `driver`: this process is
+    rank 0 of a tensor-parallel engine (`tp_driver.TPDriver`, started by the Engine): every
+    step it prepares is sent to the workers (`launch`), and each rank runs the same device
+    work on its shard."""
+
+    def __init__(self, cfg: EngineConfig, tp: TPGroup | None = None, driver=None):
         self.cfg = cfg
-        self.device = resolve_device(cfg.device)
+        self.driver = driver
+        tp = driver.tp if driver is not None else tp
+        if cfg.tensor_parallel_size > 1 and (tp is None or tp.size != cfg.tensor_parallel_size):
+            raise ValueError(f"tensor_parallel_size={cfg.tensor_parallel_size} needs its world: build the engine "
+                             f"with Engine(cfg) (or LLM), which starts the workers")
+        self.tp = tp
+        self.device = tp.device if tp is not None else resolve_device(cfg.device)
+        with driver.busy() if driver is not None else contextlib.nullcontext():
+            self._build()
+
+    def _build(self) -> None:
+        cfg, tp = self.cfg, self.tp
         torch.manual_seed(cfg.seed)
-        self.model, self.model_spec, self.dtype = load_model(cfg.model, self.device, cfg.dtype, cfg.load_format,
-                                                             cfg.seed)
-        self.model.fuse()
+        shard = Shard(tp.rank, tp.size) if tp is not None else None
+        phase(tp, lambda: self._load_target(shard))
         self.backend = get_backend(resolve_backend(cfg.attention_backend, self.device))
         self.block_size = cfg.cache.block_size
         self.draft = None
         if cfg.spec.enabled:
-            from adaspec.spec_decode.eagle3_checkpoint import load_eagle3
-            self.draft = load_eagle3(cfg.spec.draft, self.model_spec, self.model.embed_tokens, self.device,
-                                     self.dtype, cfg.load_format, cfg.seed)
-            self.draft.fuse()
+            phase(tp, self._load_draft)
         self.model.capture = self.draft.aux_layers if self.draft is not None else ()
-        ms = self.model_spec
+        ms = self.local_spec   # this rank's heads (all of them without tensor parallelism)
         self.group = ms.num_heads // ms.num_kv_heads
         self.num_blocks = self._num_blocks()
+        if tp is not None:   # KV capacity profiled on every rank: the minimum wins
+            self.num_blocks = min(tp.exchange(self.num_blocks))
         # One block more than the scheduler hands out: padding requests of CUDA graphs map
         # every block to it (`setup`), so whatever they write lands where nothing reads.
         self.scratch_block = self.num_blocks
-        L, S = ms.num_layers, (self.num_blocks + 1) * self.block_size
-        # One tensor for every layer's K and V: accepted tree KV moves with one index op.
-        self.kv = torch.zeros(L, 2, S, ms.num_kv_heads, ms.head_dim, dtype=self.dtype, device=self.device)
-        self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(L)]
-        self.draft_cache = None
-        if self.draft is not None:  # one (k, v) pair per draft layer (most heads have one)
-            ds = self.draft.spec
-            self.draft_kv = torch.zeros(self.draft.num_layers, 2, S, ds.num_kv_heads, ds.head_dim, dtype=self.dtype,
-                                        device=self.device)
-            self.draft_cache = [(self.draft_kv[i, 0], self.draft_kv[i, 1]) for i in range(self.draft.num_layers)]
-            self.draft_group = ds.num_heads // ds.num_kv_heads
+        phase(tp, self._allocate_kv)
         # Simulated acceptance (benchmarks): its own stream, so it never moves real draws.
         self.sim_generator = np.random.default_rng(cfg.spec.simulate_seed)
         self.rows: DeviceRows | None = None
@@ -120,10 +125,54 @@ class ModelRunner:
         self.max_model_len = 0
         self.last_step_time = 0.0
         self.prev_speculative = False   # the last launched step verified drafts
-        self._draft_host: dict = {}     # pinned landing buffers of grammar steps' drafts (CUDA)
+        self._prompt_lp = None          # the launching step's prompt logprobs (device)
+        self.grammar_masks = GrammarMasks(self.device)
+
+    def _load_target(self, shard: Shard | None) -> None:
+        cfg = self.cfg
+        self.model, self.model_spec, self.dtype = load_model(cfg.model, self.device, cfg.dtype, cfg.load_format,
+                                                             cfg.seed, shard=shard)
+        self.local_spec = self.model.spec
+        self.model.fuse()
+        if shard is not None:
+            parallelize(self.model, self.model_spec, shard, self.tp)
+
+    def _load_draft(self) -> None:
+        from adaspec.spec_decode.eagle3_checkpoint import load_eagle3
+        cfg = self.cfg   # replicated on every rank (draft TP 1): its inputs are complete on each
+        self.draft = load_eagle3(cfg.spec.draft, self.model_spec, self.model.embed_tokens, self.device,
+                                 self.dtype, cfg.load_format, cfg.seed)
+        self.draft.fuse()
+
+    def _allocate_kv(self) -> None:
+        ms = self.local_spec
+        L, S = ms.num_layers, (self.num_blocks + 1) * self.block_size
+        # One tensor for every layer's K and V: accepted tree KV moves with one index op.
+        self.kv = torch.zeros(L, 2, S, ms.num_kv_heads, ms.head_dim, dtype=self.dtype, device=self.device)
+        self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(L)]
+        self.draft_cache = self.draft_kv = None
+        if self.draft is not None:  # one (k, v) pair per draft layer (most heads have one)
+            ds = self.draft.spec
+            self.draft_kv = torch.zeros(self.draft.num_layers, 2, S, ds.num_kv_heads, ds.head_dim, dtype=self.dtype,
+                                        device=self.device)
+            self.draft_cache = [(self.draft_kv[i, 0], self.draft_kv[i, 1]) for i in range(self.draft.num_layers)]
+            self.draft_group = ds.num_heads // ds.num_kv_heads
 
     def setup(self, max_model_len: int) -> None:
-        """Size the persistent device state for `max_model_len` (called once by the engine)."""
+        """Size the persistent device state for `max_model_len` (called once by the engine;
+        with tensor parallelism on every rank: rank 0 has its workers do the same)."""
+        if self.driver is not None:
+            self.driver.setup(max_model_len)
+        with self.driver.busy() if self.driver is not None else contextlib.nullcontext():
+            phase(self.tp, lambda: self._setup(max_model_len))
+            if self.graphs is not None:
+                self.graphs.capture_all()
+        if self.device.type == "cuda":
+            warm_up_kernels(self)
+        if self.driver is not None:
+            self.driver.attach(ProgramCodec(self))
+
+    def _setup(self, max_model_len: int) -> None:
         sc, spc = self.cfg.scheduler, self.cfg.spec
         self.max_model_len = max_model_len
         self.max_draft = max(spc.num_steps, spc.resolved_num_draft_tokens) if self.draft is not None else 0
@@ -135,7 +184,8 @@ class ModelRunner:
             self.draft.prepare_rotary(max_pos, self.device)
         max_blocks = (max_pos + 1 + self.max_draft * max(1, spc.topk)) // self.block_size + 2
         hidden = self.draft.spec.hidden_size if self.draft is not None else None
-        self.rows = DeviceRows(2 * sc.max_num_seqs + 8, max_blocks, self.device, hidden, self.dtype)
+        self.rows = DeviceRows(2 * sc.max_num_seqs + 8, max_blocks, self.device, hidden, self.dtype,
+                               emitted_width=self.max_draft + 1)
         self.rows.block_table[self.rows.pad_row] = self.scratch_block
         n = spc.resolved_num_draft_tokens if self.draft is not None else 1
         max_rows = sc.max_num_batched_tokens + sc.max_num_seqs * (n + 1)
@@ -159,13 +209,12 @@ class ModelRunner:
             self.trees = TreeStep(TreeDrafter(self.draft, self.backend, self.block_size, self.draft_group),
                                   self.draft_cache, bt, pr)
             refresh = DraftRefresh(self.draft, self.backend, self.draft_cache, self.rows.draft_hidden)
-        self.post = PostForward(self.model.lm_head, self.rows.last_token, self.rows.last_count, self.kv,
+        self.post = PostForward(self.model.lm_head, self.rows.last_token, self.rows.last_count,
+                                self.rows.last_emitted, self.kv,
                                 self.rows.block_table, self.block_size, refresh)
         if self.device.type == "cuda" and self.backend.graphable and not self.cfg.enforce_eager:
-            self.graphs = self.make_graphs()
-            self.graphs.capture_all()
-        if self.device.type == "cuda":
-            self._warm_up_kernels()
+            self.graphs = self.make_graphs()   # (captured on every rank in the same order:
+                                               # the collectives inside meet)
 
     def make_graphs(self) -> CudaGraphs:
         """The graph owner, with its collaborators named (nothing else of the runner)."""
@@ -179,34 +228,10 @@ class ModelRunner:
             draft_hidden_size=d.spec.hidden_size if d is not None else 0, draft_layers=d.num_layers if d else 0,
             dtype=self.dtype, device=self.device))
 
-    def _warm_up_kernels(self) -> None:
-        """Compile the attention variants eager steps (prefill, mixed batches) can launch, and
-        the shift kernels, now rather than at their first use while serving. A failure here
-        costs only those stalls."""
-        t0 = time.perf_counter()
-        heads = [(self.model_spec.num_heads, self.kv_caches[0], self.dtype, set(self.model_spec.sliding_windows))]
-        if self.draft is not None:
-            heads.append((self.draft.spec.num_heads, self.draft_cache[0], self.dtype, {None}))
-        n = 0
-        try:
-            for num_heads, cache, dtype, windows in heads:
-                n += self.backend.warm_up(num_heads, cache, self.rows.block_table, self.block_size, dtype, windows)
-            if hasattr(self.model, "warm_up_kernels"):   # e.g. the fused-MoE launch buckets
-                n += self.model.warm_up_kernels()
-            if self.draft is not None:   # the in-flight shift of speculative steps
-                from adaspec.device import shift_kernels
-                n += 2 * shift_kernels.warm_up(self.rows.last_count, self.rows.block_table, self.block_size)
-            torch.cuda.synchronize()
-        except Exception as ex:  # an optimization: never a reason not to serve
-            log.warning("attention warm-up failed (%s); kernels compile at first use", ex)
-            return
-        if n:
-            log.info("attention kernels warmed up: %d launches in %.1f s", n, time.perf_counter() - t0)
-
     # ---- memory ---------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
         el = torch.tensor([], dtype=self.dtype).element_size()
-        ms = self.model_spec
+        ms = self.local_spec   # this rank's KV heads
         per_tok = 2 * ms.num_layers * ms.num_kv_heads * ms.head_dim * el
         if self.draft is not None:
             per_tok += 2 * self.draft.num_layers * self.draft.spec.num_kv_heads * self.draft.spec.head_dim * el
@@ -244,7 +269,7 @@ class ModelRunner:
         with CUDA events: one enqueued at the start fires when the stream reaches it, so the
         span counts host preparation only while the device waits for it (right under overlap)."""
         timer = self._timer_mark()
-        lay, out = self._enqueue(plan)
+        lay, out, lp = self._enqueue(plan)
         self.prev_speculative = plan.speculative
         if out is not None and self.device.type == "cuda":
             host = self._out_host[self._out_flip][: out.numel()].view(out.shape)
@@ -253,28 +278,44 @@ class ModelRunner:
             out = host
         elif out is not None:   # a graph's static output is overwritten by the next step
             out = out.clone()
-        return Launched(plan, lay, out, timer, self._timer_mark())
+        if lp is not None:      # only the top-k of the emitted tokens' rows: small
+            lp = lp.to("cpu", non_blocking=True)
+        prompt_lp = None
+        if self._prompt_lp is not None:
+            rows, t = self._prompt_lp
+            prompt_lp = (rows, t.to("cpu", non_blocking=True))
+        return Launched(plan, lay, out, lp, timer, self._timer_mark(), prompt_lp)
 
     def collect(self, step: Launched) -> list[StepResult]:
         """Wait for a launched step and return its results (one per scheduled request);
         sets `self.last_step_time` (seconds)."""
         start, end = step.start, step.end
         if self.device.type == "cuda":
-            end.synchronize()
+            with self._tp_step():
+                end.synchronize()
             self.last_step_time = start.elapsed_time(end) / 1e3
         else:
             self.last_step_time = end - start
-        lay = step.lay
         results = [StepResult(emitted=[]) for _ in step.plan.scheduled]
-        if step.out is None:
-            return results
+        if step.out is not None:
+            self._read_out(step, results)
+        if step.prompt_lp is not None:
+            attach_prompt_logprobs(step.plan, step.prompt_lp, results)
+        return results
+
+    def _read_out(self, step: Launched, results: list[StepResult]) -> None:
+        lay = step.lay
         D = lay.D
         for row, i in zip(step.out.tolist(), lay.verify):
             cnt, L = row[0], lay.reqs[i]
             results[i] = StepResult(emitted=row[1:1 + cnt], num_accepted=cnt - 1,
                                     tree_depth=row[-1] if L.pad else 0, tree_nodes=L.nodes if L.pad else 0,
                                     path=row[2 + D: 2 + D + cnt - 1])
-        return results
+        if step.lp is not None:
+            lp_reqs = [i for i in lay.verify if step.plan.scheduled[i].req.params.logprobs is not None]
+            for i, rows in zip(lp_reqs, step.lp.tolist()):
+                results[i].logprobs = unpack_logprobs(rows[:len(results[i].emitted)],
+                                                      step.plan.scheduled[i].req.params.logprobs)
 
     def _timer_mark(self):
         """A point in the stream (a recorded CUDA event), or the wall clock on CPU."""
@@ -284,8 +325,24 @@ class ModelRunner:
             return ev
         return time.perf_counter()
 
-    def _enqueue(self, plan: StepPlan) -> tuple[StepLayout, torch.Tensor | None]:
-        """Stage the step and enqueue its device work; returns (layout, device output rows)."""
+    def _enqueue(self, plan: StepPlan) -> tuple[StepLayout, torch.Tensor | None, torch.Tensor | None]:
+        """Stage the step and enqueue its device work; returns (layout, device output rows,
+        logprob rows). With workers, the step reaches them between the two halves
+        (`TPDriver.send`): the program, then the staged buffers broadcast on the device."""
+        lay, prog = self._prepare(plan)
+        with self._tp_step():
+            if self.driver is not None:
+                self.driver.send(prog)
+            return (lay, *self.execute_program(prog))
+
+    def _tp_step(self):
+        """Rank 0 of a tensor-parallel engine: a step's part where a dead worker shows (as an
+        error, or a hang the driver breaks); see TPDriver.step."""
+        return self.driver.step() if self.driver is not None else contextlib.nullcontext()
+
+    def _prepare(self, plan: StepPlan) -> tuple[StepLayout, StepProgram]:
+        """The host half of a step: lay it out, stage it (ONE host->device copy per staging
+        buffer), and name the device work in a StepProgram."""
         sched = plan.scheduled
         rows = [self.rows.row_of(s.req) for s in sched]
         lay = layout_step(plan, self.prev_speculative)
@@ -297,12 +354,13 @@ class ModelRunner:
         params = [sched[i].req.params for i in lay.verify]
         sim = self.cfg.spec.simulate_accept_rate if N > 1 else None
         # Everything after the forward replays as one graph when the forward does, every
-        # request is a decoder that samples, and every row is greedy.
+        # request is a decoder that samples, and every row is plain: greedy, no logprobs, no
+        # penalties, no grammar (its mask is built on the host during the step).
         grammars = [sched[i].req.grammar for i in lay.verify]
-        constrained = any(g is not None for g in grammars)
         post = None
-        if graph is not None and len(lay.verify) == len(sched) and all(L.n_new == 1 for L in lay.reqs) \
-                and all(p.greedy for p in params) and not constrained:
+        plain = all(p.greedy and p.logprobs is None and not p.penalized for p in params) \
+            and all(g is None for g in grammars)
+        if graph is not None and len(lay.verify) == len(sched) and all(L.n_new == 1 for L in lay.reqs) and plain:
             post = self.graphs.post_graph(graph, D, "sim" if sim is not None else "greedy")
         if extra:  # padding requests of the captured batch size: no keys, no KV writes
             fi.pad(extra, fi.q_lens[0], lay.tree)
@@ -328,7 +386,8 @@ class ModelRunner:
         vi = verify_inputs(lay, vpad, self.rows.pad_row, rows)
         vb = stage_verify(stg, vi,
                           self._sim_draws(len(lay.verify), vpad, N, sim), refresh, N, D, lay.tree,
-                          params, [sched[i].req.seed for i in lay.verify])
+                          params, [sched[i].req.seed for i in lay.verify],
+                          reqs=None if plain else [sched[i].req for i in lay.verify])
         if refresh is not None:
             stage_refresh_meta(stg, vb.refresh, refresh, shift, self.draft.num_layers, self.backend,
                                self.rows.block_table, self.block_size, self.draft_group)
@@ -341,70 +400,54 @@ class ModelRunner:
                                  self.max_draft) if lay.tree and lay.drafting else None
         shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh]
         stg.commit()
-        self.rows.apply_updates(upd_d.t if upd_d is not None else None)
-        for sh, staged in shifts:   # after the block-table update: slots are looked up in it
+        plp = prompt_logprob_rows(plan, lay)
+        prompt_lp = (plp, max(sched[i].req.params.prompt_logprobs for i, _, _, _ in plp)) if plp else None
+        return lay, StepProgram(meta, ids_d, pos_d, graph, post, vb, bool(lay.verify), upd_d, fill, chain, trees,
+                                shifts, stg.offset, self.draft_stg.offset if (chain or trees) else 0, prompt_lp,
+                                grammar_step(grammars, vi.limit, N, lay.tree, lay.drafting))
+
+    def execute_program(self, p: StepProgram) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The device half of a step (every rank runs it on its own buffers); returns the
+        device output rows and logprob rows (None when nothing sampled / asked for them)."""
+        self.rows.apply_updates(p.upd.t if p.upd is not None else None)
+        for sh, staged in p.shifts:   # after the block-table update: slots are looked up in it
             sh.apply(staged, self.rows.last_count, self.rows.block_table, self.block_size)
-        if fill is not None:
-            ids_d[fill.t[0]] = self.rows.last_token[fill.t[1]]
+        ids_d, pos_d, vb = p.ids, p.pos, p.vb
+        if p.fill is not None:
+            ids_d[p.fill.t[0]] = self.rows.last_token[p.fill.t[1]]
 
         # ---- draft (on the device) ----
-        if chain is not None:
-            self.chain.run(chain, self.rows.draft_hidden, ids_d, vb.tokens.t)
-        if trees is not None:
-            self.trees.run(trees, self.rows.draft_hidden, meta, ids_d, pos_d, vb.tokens.t, vb.parents.t, vb.limit.t)
+        if p.chain is not None:
+            self.chain.run(p.chain, self.rows.draft_hidden, ids_d, vb.tokens.t)
+        if p.trees is not None:
+            self.trees.run(p.trees, self.rows.draft_hidden, p.meta, ids_d, pos_d, vb.tokens.t, vb.parents.t,
+                           vb.limit.t)
 
-        drafts = self._read_drafts(vb) if constrained and lay.drafting else None
+        drafts = self.grammar_masks.read_drafts(p.grammar, vb) if p.grammar is not None else None
 
         # ---- target forward ----
-        if graph is not None:
-            hidden, aux = graph.replay()
+        if p.graph is not None:
+            hidden, aux = p.graph.replay()
         else:
-            with forward_context(ForwardContext(meta, self.backend, self.kv_caches)):
+            with forward_context(ForwardContext(p.meta, self.backend, self.kv_caches)):
                 hidden, aux = self.model(ids_d, pos_d)
-        if constrained:   # the masks are filled on the host while the forward runs
-            vb.grammar = self._grammar_masks(grammars, drafts, vi.limit, N, lay.tree, self.device)
-        if not lay.verify:
+        if p.grammar is not None:   # the masks are filled on the host while the forward runs
+            vb.grammar = self.grammar_masks.masks(p.grammar, drafts)
+        self._prompt_lp = None
+        if p.prompt_lp is not None:
+            plp, k = p.prompt_lp
+            self._prompt_lp = (plp, prompt_logprobs(self.model.lm_head, hidden, plp, k))
+        if not p.verifies:
             if vb.refresh is not None:
                 self.post.refresh.run(vb.refresh, aux)
-            return lay, None
+            return None, None
         # ---- verify, commit, output (one graph, or the same work eagerly) ----
-        return lay, (post.replay() if post is not None else self.post(hidden, aux, pos_d, vb))
+        return p.post.replay() if p.post is not None else self.post(hidden, aux, pos_d, vb)
 
-    def _read_drafts(self, vb):
-        """Start copying the step's drafts (tokens, parents, limits) to the host; returns
-        (host tensors, the event that says they are there)."""
-        src = (vb.tokens.t, vb.parents.t, vb.limit.t)
-        if self.device.type != "cuda":
-            return [t.clone() for t in src], None
-        # Pinned buffers, reused (allocating pinned memory costs more than the copy): each
-        # step's are read within its own launch, before the next step can use them.
-        host = []
-        for i, t in enumerate(src):
-            key = (i, tuple(t.shape), t.dtype)
-            if key not in self._draft_host:
-                self._draft_host[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.append(self._draft_host[key])
-        for h, t in zip(host, src):
-            h.copy_(t, non_blocking=True)
-        ev = torch.cuda.Event()
-        ev.record()
-        return host, ev
-
-    @staticmethod
-    def _grammar_masks(grammars: list, drafts, host_limit: np.ndarray, N: int, tree: bool, device):
-        """(bitmask, rows, vocab) of the step's grammar rows (`structured.bitmask`): waits for
-        the drafts when the step has any (their tokens pick each node's grammar state)."""
-        tokens = parents = None
-        limit = host_limit
-        if drafts is not None:
-            host, ev = drafts
-            if ev is not None:
-                ev.synchronize()
-            tokens, parents, limit = (t.numpy() for t in host)
-            parents = parents if tree else None
-        vocab = next(g.vocab_size for g in grammars if g is not None)
-        mask, rows = step_bitmask(grammars, vocab, N, tokens, parents, limit)
-        return mask.to(device), rows, vocab
+    def close(self) -> None:
+        """Stop the workers of a tensor-parallel engine (nothing to do for one process)."""
+        if self.driver is not None:
+            self.driver.close()
 
     def _sim_draws(self, B: int, pad: int, N: int, rate) -> np.ndarray | None:
         """Simulated acceptance: whether each draft of B requests is accepted (padding rows

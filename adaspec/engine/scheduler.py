@@ -83,6 +83,8 @@ class StepResult:
     tree_nodes: int = 0           # draft tokens verified
     path: list[int] = field(default_factory=list)  # accepted tree node indices, root excluded
     discarded: bool = False       # set by postprocess: the request had finished before (overlap)
+    logprobs: list | None = None  # per emitted token (logprob, [(id, logprob)]) if the request asks
+    prompt_logprobs: tuple | None = None   # (first position, [as logprobs] per prompt token predicted)
 
 
 class Scheduler:
@@ -189,6 +191,8 @@ class Scheduler:
         while self.waiting and prefill > 0 and len(self.running) < self.cfg.max_num_seqs and not plan.preempted:
             req = self.waiting[0]
             if req.num_computed == 0 and not req.block_ids:
+                if self._twin_prefilling(req, plan):
+                    break   # next step it shares the twin's prompt KV through the prefix cache
                 self._match_prefix(req)
             num_new = min(req.num_tokens - req.num_computed, prefill)
             if not self.kv.reserve(req, req.num_computed + num_new + self.extra_slot):
@@ -226,11 +230,21 @@ class Scheduler:
             self._reserved_for_new = cap // 2
         return cap - self._reserved_for_new
 
+    def _twin_prefilling(self, req: Request, plan: StepPlan) -> bool:
+        """`req` has the very prompt of a request prefilling in `plan` (the choices of an n > 1
+        request, duplicates): it waits, so that it reads that prompt's KV from the prefix
+        cache instead of computing it again (blocks are registered when a step is launched)."""
+        if not self.kv.enable_prefix_caching or req.num_prompt_tokens <= self.kv.block_size \
+                or req.params.prompt_logprobs is not None:
+            return False
+        return any(s.num_new_tokens > 1 and s.req.prompt_token_ids == req.prompt_token_ids for s in plan.scheduled)
+
     def _will_finish_by_length(self, req: Request) -> bool:
         return req.num_output_tokens >= req.params.max_tokens or req.num_tokens >= self.max_model_len
 
     def _match_prefix(self, req: Request) -> None:
-        cached = self.kv.match_prefix(req)
+        # Prompt logprobs need the logits of every prompt position: computed, not cached.
+        cached = self.kv.match_prefix(req) if req.params.prompt_logprobs is None else 0
         req.num_cached_tokens = cached
         # The draft head needs the target's hidden state at the last cached position (it
         # pairs with the first uncached token), so recompute that one token without
@@ -311,8 +325,13 @@ class Scheduler:
                 req.num_computed += res.num_accepted
             if s.draft is not None:
                 req.spec_stats.record(res.tree_depth, res.tree_nodes, res.num_accepted)
-            for tok in res.emitted:
+            if res.prompt_logprobs is not None:   # by position: a recomputed prompt rewrites its own
+                first, entries = res.prompt_logprobs
+                req.prompt_logprobs[first:first + len(entries)] = entries
+            for j, tok in enumerate(res.emitted):
                 req.all_token_ids.append(tok)
+                if res.logprobs is not None:
+                    req.logprobs.append(res.logprobs[j])
                 reason = self._stop_reason(req, tok)
                 if reason is not None:
                     self._finish(req, reason)
@@ -340,11 +359,13 @@ class Scheduler:
                 return "abort"
             if req.grammar.done:
                 return "stop"
-        if (tok in req.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
-            return "stop"
-        if self.detokenizer is not None and self.detokenizer.update(req):
-            return "stop"  # a stop string completed; the detokenizer cut the text
         n = len(req.all_token_ids)   # tokens read back (a later step may owe more)
+        # Before min_tokens no stop applies (stop ids are masked on the device anyway).
+        early = n - req.num_prompt_tokens <= p.min_tokens
+        if not early and ((tok in req.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids):
+            return "stop"
+        if self.detokenizer is not None and self.detokenizer.update(req, check_stop=not early):
+            return "stop"  # a stop string completed; the detokenizer cut the text
         if n - req.num_prompt_tokens >= p.max_tokens or n >= self.max_model_len:
             return "length"
         return None

@@ -1,5 +1,6 @@
-"""Everything after the target forward, on the device: the LM head on the verify rows, each
-grammar request's token bitmask on its rows (`structured.bitmask`), the target's choice at
+"""Everything after the target forward, on the device: the LM head on the verify rows, the
+penalized rows' processors (`adaspec.penalties`), then each grammar request's token bitmask on
+its rows (`structured.bitmask`; reported logprobs stay the raw logits'), the target's choice at
 every node (`sampling.choose`), verification (`spec_decode.verifier`, or simulated
 acceptance in benchmarks), each request's last token and count (for the step planned before
 this one is read), accepted tree KV moved into place, the draft KV refreshed.
@@ -18,10 +19,13 @@ import torch
 
 from adaspec.device.staging import Staging
 from adaspec.engine.draft_refresh import DraftRefresh, RefreshBatch, RefreshEntries, stage_refresh
+from adaspec.engine.penalty_step import StagedLogprobs, StagedPenalties, stage_logprobs, stage_penalties, \
+    token_logprobs
+from adaspec.penalties import apply_penalties, path_matrix
 from adaspec.sampling import SamplingBatch, choose
 from adaspec.spec_decode.simulated import simulate
-from adaspec.structured.bitmask import apply_bitmask, legal_drafts
 from adaspec.spec_decode.verifier import verify
+from adaspec.structured.bitmask import apply_bitmask, legal_drafts
 
 
 @dataclass
@@ -78,13 +82,17 @@ class VerifyBatch:
     N: int
     D: int
     tree: bool
+    penalties: StagedPenalties | None = None   # penalized rows (eager post-forward only)
+    logprobs: StagedLogprobs | None = None     # rows that report logprobs (eager only)
     grammar: tuple | None = None   # (bitmask, rows, vocab size) of grammar rows (structured.bitmask)
 
 
 def stage_verify(stg: Staging, vi: VerifyInputs, accept: np.ndarray | None, refresh: RefreshEntries | None,
-                 N: int, D: int, tree: bool, params: list | None = None, seeds: list | None = None) -> VerifyBatch:
+                 N: int, D: int, tree: bool, params: list | None = None, seeds: list | None = None,
+                 reqs: list | None = None) -> VerifyBatch:
     """Stage the post-forward inputs in one fixed order: verify rows, draft tokens, parents,
-    limits, simulated draws, device rows, the draft refresh's arrays, the sampling batch."""
+    limits, simulated draws, device rows, the draft refresh's arrays, the sampling batch,
+    then (eager steps only) the penalized and logprob rows of `reqs`."""
     b = VerifyBatch(stg.add(vi.rows, torch.int64), stg.add(vi.tokens, torch.int64),
                     stg.add(vi.parents, torch.int64), stg.add(vi.limit, torch.int64),
                     stg.add(accept, torch.uint8) if accept is not None else None, stg.add(vi.src, torch.int64),
@@ -95,24 +103,33 @@ def stage_verify(stg: Staging, vi: VerifyInputs, accept: np.ndarray | None, refr
         host = SamplingBatch.host_arrays(params, seeds)
         b.sampling = {k: stg.add(v, SamplingBatch.FIELD_DTYPES[k]) for k, v in host.items()}
         b.params = params
+    if reqs:
+        b.penalties = stage_penalties(stg, reqs)
+        b.logprobs = stage_logprobs(stg, reqs)
     return b
 
 
 class PostForward:
     """The step after the target forward (see the module docstring). Returns the step's
-    output rows [Bv, count | emitted [D+1] | path [D+1] | own depth]."""
+    output rows [Bv, count | emitted [D+1] | path [D+1] | own depth] and the logprob rows
+    (`penalty_step.token_logprobs`, None when no row asks)."""
 
-    def __init__(self, lm_head, last_token: torch.Tensor, last_count: torch.Tensor, kv: torch.Tensor,
-                 block_table: torch.Tensor, block_size: int, refresh: DraftRefresh | None):
+    def __init__(self, lm_head, last_token: torch.Tensor, last_count: torch.Tensor, last_emitted: torch.Tensor,
+                 kv: torch.Tensor, block_table: torch.Tensor, block_size: int, refresh: DraftRefresh | None):
         self.lm_head, self.last_token, self.last_count = lm_head, last_token, last_count
+        self.last_emitted = last_emitted
         self.kv, self.block_table, self.block_size, self.refresh = kv, block_table, block_size, refresh
 
     def __call__(self, hidden: torch.Tensor, aux: torch.Tensor | None, pos_d: torch.Tensor,
-                 b: VerifyBatch) -> torch.Tensor:
+                 b: VerifyBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         vrows, src, limit = b.rows.t, b.src.t, b.limit.t
         Bv, N = vrows.shape
-        logits = self.lm_head(hidden[vrows.reshape(-1)]).view(Bv * N, -1)
-        if b.grammar is not None:   # before every choice: drafts, bonus and plain tokens obey it
+        raw = logits = self.lm_head(hidden[vrows.reshape(-1)]).view(Bv * N, -1)
+        if b.penalties is not None:
+            logits = self.penalize(raw, b, src)
+        if b.grammar is not None:   # after the penalties, before every choice: drafts, bonus and
+            if logits is raw and b.logprobs is not None:   # plain tokens obey it; logprobs stay raw
+                logits = raw.clone()
             apply_bitmask(logits, *b.grammar)
         sampling = None
         if b.sampling is not None:
@@ -128,13 +145,34 @@ class PostForward:
             path, emitted, count = simulate(b.tokens.t, parents, limit, choice, b.accept.t.bool(), b.D, legal)
         else:
             path, emitted, count = verify(b.tokens.t, parents, limit, choice, b.D)
+        lp = None
+        if b.logprobs is not None:
+            r = b.logprobs.rows.t
+            lp = token_logprobs(raw.view(Bv, N, -1)[r], path[r], emitted[r], b.logprobs.k)
         self.last_token[src] = emitted.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
         self.last_count[src] = count
+        self.last_emitted[src, :emitted.shape[1]] = emitted
         if b.tree:
             self.move_tree_kv(pos_d[vrows[:, 0]], src, path, count)
         if b.refresh is not None:
             self.refresh.run(b.refresh, aux, path, emitted, count)
-        return torch.cat([count.unsqueeze(1), emitted, path, limit.unsqueeze(1)], dim=1)
+        return torch.cat([count.unsqueeze(1), emitted, path, limit.unsqueeze(1)], dim=1), lp
+
+    def penalize(self, raw: torch.Tensor, b: VerifyBatch, src: torch.Tensor) -> torch.Tensor:
+        """The logits with the penalized rows processed (`adaspec.penalties`); read before this
+        step overwrites its rows' last emitted tokens."""
+        pb = b.penalties.batch()
+        Bv, N = b.rows.t.shape
+        P = pb.rows.shape[0]
+        parents = b.parents.t[pb.rows] if b.tree else None
+        anc = path_matrix(parents, P, N, b.D, raw.device)
+        rsrc = src[pb.rows]
+        view = raw.view(Bv, N, -1)
+        done = apply_penalties(view[pb.rows], pb, b.tokens.t[pb.rows], anc, self.last_emitted[rsrc],
+                               self.last_count[rsrc])
+        out = view.float().clone()
+        out[pb.rows] = done
+        return out.view(Bv * N, -1)
 
     def move_tree_kv(self, base: torch.Tensor, rows: torch.Tensor, path: torch.Tensor, count: torch.Tensor) -> None:
         """Accepted node path[d] was written at cache index base+path[d] (base [B] = the

@@ -168,13 +168,20 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp if mlp is not None else MLP(spec.hidden_size, spec.intermediate_size)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        # Tensor parallelism (adaspec/parallel): the sum over ranks of the partial outputs of
+        # the row-parallel o_proj and of the MLP (down_proj, or the experts and shared expert
+        # together: one all-reduce per block). None: one rank, nothing to add.
+        self.tp_reduce = None
 
     def forward(self, x, residual, positions, cos_sin):
         """x = input_layernorm(h) with residual = h (the layer's input). Returns (mlp output,
         residual): the next layer's input is their sum, which its own norm fuses."""
         x = self.self_attn(x, positions, cos_sin)
+        if self.tp_reduce is not None:
+            x = self.tp_reduce(x)
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        x = self.mlp(x)
+        return (self.tp_reduce(x) if self.tp_reduce is not None else x), residual
 
     def full(self, h, positions, cos_sin) -> torch.Tensor:
         """The whole layer on its input h (unfused residual stream; EAGLE-3 later layers)."""

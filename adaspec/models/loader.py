@@ -54,15 +54,28 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iter_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor of the checkpoint, one file at a time, on the CPU."""
+def iter_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | None] | None = None
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of the checkpoint, one file at a time, on the CPU.
+    `part(name)` = (dim, start, stop): only that slice of the tensor is read (tensor
+    parallelism: a rank reads its shard; safetensors reads just those bytes)."""
     from safetensors import safe_open
+
+    def cut(name, t):
+        p = part(name) if part is not None else None
+        return t if p is None else t.narrow(p[0], p[1], p[2] - p[1])
 
     for f in checkpoint_files(model_dir):
         if f.suffix == ".safetensors":
             with safe_open(str(f), framework="pt") as sf:
                 for name in sf.keys():
-                    yield name, sf.get_tensor(name)
+                    p = part(name) if part is not None else None
+                    if p is None:
+                        yield name, sf.get_tensor(name)
+                        continue
+                    sl = sf.get_slice(name)
+                    idx = tuple(slice(p[1], p[2]) if d == p[0] else slice(None) for d in range(len(sl.get_shape())))
+                    yield name, sl[idx]
             continue
         try:
             # weights_only: tensors and plain containers only, never arbitrary pickled code;
@@ -75,21 +88,24 @@ def iter_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         for name, t in state.items():
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"{f}: entry {name!r} is a {type(t).__name__}, not a tensor")
-            yield name, t
+            yield name, cut(name, t).contiguous() if part is not None else t
         del state
 
 
 def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[str], str],
                optional: Callable[[str], bool] = lambda n: False,
                tensors: dict[str, torch.Tensor] | None = None,
-               checkpoint_parts: Callable[[str], list[tuple[str, tuple]] | None] | None = None) -> set[str]:
+               checkpoint_parts: Callable[[str], list[tuple[str, tuple]] | None] | None = None,
+               part: Callable[[str], tuple[int, int, int] | None] | None = None) -> set[str]:
     """Copy checkpoint tensors (read from `model_dir`, or given as `tensors`) into `module`'s
     parameters; returns the names of the parameters left unfilled (only those `optional`
     allows). Raises ValueError on missing or misshapen.
 
     `checkpoint_parts(param)` may say a parameter is assembled from several checkpoint tensors,
     as [(checkpoint name, index into the parameter)] (MoE experts stacked into [E, ...] from
-    per-expert tensors, which may sit in different shards); None: the one `checkpoint_name`."""
+    per-expert tensors, which may sit in different shards); None: the one `checkpoint_name`.
+    `part(checkpoint name)`: the slice of it to read (see `iter_tensors`); a slice shorter than
+    the parameter (the last vocabulary shard) fills its first rows, the rest is zeroed."""
     params = dict(module.named_parameters(remove_duplicate=True))
     wanted: dict[str, tuple[str, tuple | None]] = {}
     needs: dict[str, list[str]] = {}
@@ -99,13 +115,18 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
         needs[n] = [c for c, _ in parts]
         wanted.update((c, (n, idx)) for c, idx in parts)
     got: set[str] = set()
-    for name, tensor in (tensors.items() if tensors is not None else iter_tensors(model_dir)):
+    for name, tensor in (tensors.items() if tensors is not None else iter_tensors(model_dir, part)):
         hit = wanted.get(name)
         if hit is None:
             continue
         pname, idx = hit
         p = params[pname]
         dst = p if idx is None else p[idx]
+        cut = part(name) if part is not None else None
+        if cut is not None and tensor.shape[cut[0]] < dst.shape[cut[0]]:   # a padded shard
+            with torch.no_grad():
+                dst.zero_()
+            dst = dst.narrow(cut[0], 0, tensor.shape[cut[0]])
         if tuple(tensor.shape) != tuple(dst.shape):
             raise ValueError(f"tensor {name!r} in {model_dir} has shape {tuple(tensor.shape)}, "
                              f"expected {tuple(dst.shape)}")
@@ -138,13 +159,17 @@ def init_dummy(module: nn.Module, seed: int, std: float = 0.02) -> None:
 
 
 def load_model(model_dir: str | Path, device: torch.device, dtype: str = "auto",
-               load_format: str = "auto", seed: int = 0):
-    """Build the target model on `device` and fill its weights. Returns (model, spec, torch dtype)."""
+               load_format: str = "auto", seed: int = 0, shard=None):
+    """Build the target model on `device` and fill its weights. Returns (model, spec, torch dtype).
+    With `shard` (adaspec.parallel.Shard): this rank's part of the model, built at its local
+    sizes (`shard.local_spec`) from only its slices of the checkpoint; `spec` stays the full
+    model's (dummy weights: the same seeded draws on every rank, so replicated parameters agree)."""
     model_dir = Path(model_dir)
     spec, klass = parse_model_spec(model_dir)
     tdtype = resolve_dtype(dtype, spec.torch_dtype, device)
+    local = shard.local_spec(spec) if shard is not None else spec
     with torch.device("meta"):
-        model = klass(spec)
+        model = klass(local)
     model = model.to_empty(device=device).to(tdtype)
     for m in model.modules():  # e.g. GLM's router: Hugging Face keeps it in fp32 whatever the dtype
         if getattr(m, "keep_fp32", False):
@@ -155,7 +180,8 @@ def load_model(model_dir: str | Path, device: torch.device, dtype: str = "auto",
         init_dummy(model, seed)
     elif load_format == "auto":
         load_state(model, model_dir, model.checkpoint_name,
-                   checkpoint_parts=getattr(model, "checkpoint_parts", None))
+                   checkpoint_parts=getattr(model, "checkpoint_parts", None),
+                   part=(lambda name: shard.slice_of(name, spec)) if shard is not None else None)
     else:
         raise ValueError(f"unknown load_format {load_format!r}; use 'auto' or 'dummy'")
     return model.eval(), spec, tdtype

@@ -68,10 +68,10 @@ def eos_ids(model_dir: Path, cfg: dict) -> tuple:
 
 
 # generation_config.json fields that map onto SamplingParams (same names, same meaning).
-GENERATION_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p")
+GENERATION_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                             "frequency_penalty")
 # Fields we cannot honour: named in a warning rather than dropped without a word.
-GENERATION_UNSUPPORTED_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty",
-                                 "no_repeat_ngram_size", "typical_p", "epsilon_cutoff", "eta_cutoff")
+GENERATION_UNSUPPORTED_FIELDS = ("no_repeat_ngram_size", "typical_p", "epsilon_cutoff", "eta_cutoff")
 
 
 def generation_defaults(model_dir: str | Path) -> tuple[dict, list[str]]:
@@ -97,8 +97,7 @@ def generation_defaults(model_dir: str | Path) -> tuple[dict, list[str]]:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{path}: {name}={value!r} is not a number")
         out[name] = int(value) if name == "top_k" else float(value)
-    neutral = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-               "no_repeat_ngram_size": 0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+    neutral = {"no_repeat_ngram_size": 0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
     ignored = [n for n in GENERATION_UNSUPPORTED_FIELDS if gen.get(n) not in (None, neutral[n])]
     return out, ignored
 

@@ -327,11 +327,11 @@ def _build_server(args: argparse.Namespace, engine, sock: socket.socket):
             total = int(st.get("num_total_blocks", 0) or 0)
             graphs = (f"{st['cuda_graphs']} CUDA graphs ({st['cuda_graph_capture_s']} s, "
                       f"{st['cuda_graph_memory_bytes'] / 2**30:.2f} GiB)" if st.get("cuda_graphs") else "eager")
-            logger.info("adaspec serving %s | draft %s | speculation %s | device %s, dtype %s | max model "
-                        "len %d | KV capacity %d tokens (%d blocks x %d) | %s attention, %s | http://%s:%d",
+            logger.info("adaspec serving %s | draft %s | speculation %s | device %s, dtype %s, TP %d | max "
+                        "model len %d | KV capacity %d tokens (%d blocks x %d) | %s attention, %s | http://%s:%d",
                         settings.served_model_name, cfg.spec.draft or "none", cfg.spec.policy, cfg.device,
-                        cfg.dtype, engine.max_model_len, total * block_size, total, block_size,
-                        st.get("attention_backend", "?"), graphs, args.host, port)
+                        cfg.dtype, cfg.tensor_parallel_size, engine.max_model_len, total * block_size, total,
+                        block_size, st.get("attention_backend", "?"), graphs, args.host, port)
 
     # uvicorn's own start/stop chatter stays below the one startup line unless debugging.
     uv_level = "debug" if args.log_level == "debug" else "warning"

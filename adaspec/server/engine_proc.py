@@ -8,10 +8,11 @@ core: the engine process only plans and launches steps, the server process only 
 
 Protocol (two one-way pipes, pickled tuples):
   server -> engine   ("add", id, prompt_ids, params) | ("abort", id) | ("stop",)
-  engine -> server   ("ready", info) | ("startup_error", type, message)
+  engine -> server   ("ready", info) | ("startup_error", type, message) | ("fatal", message)
                      ("out", [delta, ...], stats, (num_stalled_steps, stalled_since))
 A delta is (id, new_token_ids, new_text, finished, finish_reason, error, num_cached_tokens,
-spec): only what changed, so a step's message stays small however long the outputs grow;
+spec, queue_time, new_logprobs, prompt_logprobs): only what changed (prompt logprobs in the
+first and the last only), so a step's message stays small however long the outputs grow;
 this side accumulates the full token ids and text.
 
 Requests are validated HERE with the engine's own checks (`check_request`), so a bad request
@@ -54,6 +55,8 @@ class _Live:
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
     text: str | None = None
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
 
 class EngineProcess:
@@ -66,8 +69,10 @@ class EngineProcess:
         ctx = mp.get_context("spawn")
         cmd_r, self._cmd = ctx.Pipe(duplex=False)
         self._out, out_w = ctx.Pipe(duplex=False)
+        # Daemonic unless it has tensor-parallel workers of its own (a daemonic process may not
+        # start children); it dies with this process either way (`_die_with_parent`, `close`).
         self._proc = ctx.Process(target=_engine_main, args=(cfg, cmd_r, out_w), name="adaspec-engine",
-                                 daemon=True)
+                                 daemon=cfg.tensor_parallel_size == 1)
         # Started with SIGINT ignored (inherited through exec), so a Ctrl-C during start-up, which
         # the terminal sends to the whole process group, reaches only this process: it stops
         # the child itself (below) instead of the child dying mid-import with a traceback.
@@ -97,6 +102,7 @@ class EngineProcess:
         self._stats = info["stats"]
         self.last_heard = time.monotonic()
         self.death_cause: str | None = None
+        self._fatal: str | None = None           # what the engine said before it exited, if it could
         self.num_stalled_steps, self.stalled_since = 0, None
         self._live: dict[str, _Live] = {}
         self._ready: deque[RequestOutput] = deque()
@@ -169,7 +175,8 @@ class EngineProcess:
         self.alive = False
         code = self._proc.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        self.death_cause = f"the engine process exited unexpectedly ({how})"
+        said = f": {self._fatal}" if self._fatal else ""
+        self.death_cause = f"the engine process exited unexpectedly ({how}){said}"
         return EngineProcessDied(self.death_cause)
 
     def _pump(self, timeout: float) -> None:
@@ -181,6 +188,8 @@ class EngineProcess:
         while waiting:
             msg = self._recv()
             self.last_heard = time.monotonic()
+            if msg[0] == "fatal":
+                self._fatal = msg[1]
             if msg[0] == "out":
                 _, deltas, self._stats, (self.num_stalled_steps, self.stalled_since) = msg
                 for d in deltas:
@@ -190,11 +199,17 @@ class EngineProcess:
             waiting = self._out.poll(0)
 
     def _apply(self, d) -> RequestOutput | None:
-        rid, new_ids, new_text, finished, reason, error, cached, spec, queued = d
+        rid, new_ids, new_text, finished, reason, error, cached, spec, queued, new_lps, prompt_lps = d
         live = self._live.get(rid)
         if live is None:          # aborted here meanwhile
             return None
         live.token_ids.extend(new_ids)
+        if new_lps is not None:
+            if live.logprobs is None:
+                live.logprobs = []
+            live.logprobs.extend(new_lps)
+        if prompt_lps is not None:
+            live.prompt_logprobs = prompt_lps
         if new_text is not None and live.text is not None:
             live.text += new_text
         if finished:
@@ -205,7 +220,8 @@ class EngineProcess:
                              token_ids=list(live.token_ids) if finished else live.token_ids,
                              text=live.text, new_token_ids=new_ids, new_text=new_text, finished=finished,
                              finish_reason=reason, spec=spec, num_cached_tokens=cached, error=error,
-                             queue_time=queued)
+                             queue_time=queued, new_logprobs=new_lps, prompt_logprobs=live.prompt_logprobs,
+                             logprobs=list(live.logprobs) if finished and live.logprobs is not None else live.logprobs)
 
 
 def _ignore_sigint():
@@ -236,7 +252,7 @@ def _die_with_parent() -> None:
 
 def _delta(o: RequestOutput) -> tuple:
     return (o.request_id, o.new_token_ids, o.new_text, o.finished, o.finish_reason, o.error, o.num_cached_tokens,
-            o.spec, o.queue_time)
+            o.spec, o.queue_time, o.new_logprobs, o.prompt_logprobs)
 
 
 def _engine_main(cfg: EngineConfig, cmd, out) -> None:
@@ -280,16 +296,28 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
                         engine.add_request(c[1], c[2], c[3])
                     except Exception as e:  # noqa: BLE001 - checked on the server side already
                         failed.append((c[1], [], None, True, "abort", f"the engine refused the request: {e}",
-                                       0, {}, None))
+                                       0, {}, None, None, None))
                 elif c[0] == "abort":
                     engine.abort_request(c[1])
                 elif c[0] == "stop":
                     for rid in list(engine.requests):
                         engine.abort_request(rid)
+                    engine.close()   # its tensor-parallel workers, if any
                     return
         except (EOFError, OSError):   # the server is gone
             return
-        outs = engine.step() if engine.has_unfinished() else []
+        try:
+            outs = engine.step() if engine.has_unfinished() else []
+        except Exception as e:
+            if engine.alive:
+                raise
+            try:   # the engine cannot continue (a tensor-parallel worker died): say why, then exit
+                out.send(("fatal", str(e)))
+            except (BrokenPipeError, OSError):
+                pass
+            logging.getLogger("adaspec").error("engine stopped: %s", e)
+            engine.close()
+            raise SystemExit(1) from None
         now = time.monotonic()
         if outs or failed or applied or now - last_sent > 0.5:
             try:

@@ -6,12 +6,13 @@ Contract:
     server and the offline API reject exactly the same values.
   * Unknown fields are ignored, as OpenAI-compatible servers usually do, so clients that send
     vendor extras keep working. Known OpenAI fields that adaspec does not implement are
-    accepted only at their neutral value (e.g. `logprobs: null`, `echo: false`); anything else
-    is a 400 naming the field, rather than silently returning something different.
-  * Extras beyond OpenAI (vLLM spelling): top_k, min_p, ignore_eos, stop_token_ids,
-    speculate (per-request opt-out of speculation), max_draft_tokens, return_token_ids,
-    structured_outputs / guided_*, chat_template_kwargs, add_generation_prompt,
-    continue_final_message, stream_options.continuous_usage_stats.
+    accepted only at their neutral value (e.g. `suffix: null`); anything else is a 400 naming
+    the field, rather than silently returning something different.
+  * Extras beyond OpenAI (vLLM spelling): top_k, min_p, repetition_penalty, min_tokens,
+    ignore_eos, stop_token_ids, speculate (per-request opt-out of speculation),
+    max_draft_tokens, return_token_ids, structured_outputs / guided_*, chat_template_kwargs,
+    add_generation_prompt, continue_final_message, stream_options.continuous_usage_stats.
+    The README's table says what each field does.
 """
 from __future__ import annotations
 
@@ -71,13 +72,14 @@ class _SamplingFields(_Strict):
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     seed: Seed | None = None
     user: StrictStr | None = None
-    # Known OpenAI fields accepted only at their neutral value (see `unsupported`).
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
-    logit_bias: dict[str, Any] | None = None
+    logit_bias: dict[StrictStr, Number] | None = None
     # adaspec / vLLM extras
     top_k: Int64 | None = None
     min_p: Number | None = None
+    repetition_penalty: Number | None = None
+    min_tokens: Int64 | None = None
     ignore_eos: StrictBool = False
     stop_token_ids: Annotated[list[Int64], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     speculate: StrictBool = True
@@ -94,14 +96,17 @@ class _SamplingFields(_Strict):
     guided_decoding_backend: StrictStr | None = None
     guided_whitespace_pattern: StrictStr | None = None
 
-    def _common_unsupported(self) -> tuple[str, str] | None:
-        if self.presence_penalty not in (None, 0):
-            return "presence_penalty", "presence_penalty is not supported (use 0 or omit it)"
-        if self.frequency_penalty not in (None, 0):
-            return "frequency_penalty", "frequency_penalty is not supported (use 0 or omit it)"
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not supported"
-        return None
+    def logit_bias_ids(self) -> dict[int, float] | None:
+        """logit_bias with its keys as token ids (OpenAI sends them as strings); APIError if not."""
+        if not self.logit_bias:
+            return None
+        out = {}
+        for k, v in self.logit_bias.items():
+            try:
+                out[int(k)] = float(v)
+            except ValueError:
+                raise APIError(f"logit_bias: key {k!r} is not a token id", param="logit_bias") from None
+        return out
 
 
 class CompletionRequest(_SamplingFields):
@@ -116,15 +121,11 @@ class CompletionRequest(_SamplingFields):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) of the first field set to a value adaspec does not implement."""
-        if self.echo:
-            return "echo", "echo is not supported"
-        if self.logprobs is not None:
-            return "logprobs", "logprobs is not supported"
-        if self.best_of not in (None, 1):
-            return "best_of", "best_of must be 1 (or omitted)"
+        if self.best_of not in (None, self.n):
+            return "best_of", "best_of must equal n (or be omitted)"
         if self.suffix:
             return "suffix", "suffix is not supported"
-        return self._common_unsupported()
+        return None
 
 
 class TextPart(_Strict):
@@ -199,11 +200,9 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: StrictBool = False
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.logprobs:
-            return "logprobs", "logprobs is not supported"
-        if self.top_logprobs:
-            return "top_logprobs", "top_logprobs is not supported"
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs: true"
         if self.functions or self.function_call is not None:
             field = "functions" if self.functions else "function_call"
             return field, f"{field} (deprecated by OpenAI) is not supported; use tools and tool_choice"
-        return self._common_unsupported()
+        return None

@@ -4,12 +4,13 @@ responses and SSE streams out. The routes (`server/api.py`) only hand it bodies.
 Defaults (documented because OpenAI leaves them to the server):
   max_tokens  /v1/completions: min(16, context left), the legacy OpenAI default;
               /v1/chat/completions: all the context left after the prompt.
-  temperature, top_p, top_k, min_p: the model's generation_config.json where it sets them
+  temperature, top_p, top_k, min_p, penalties: the model's generation_config.json where it sets them
               (--generation-config auto, the default; e.g. Llama-3.1: 0.6 / 0.9), else
               1.0, 1.0, -1 (off), 0.0 (OpenAI's and vLLM's). /server_info shows the ones in
               force under config.sampling_defaults; a request's own fields always win.
-SSE events are built in `server/streaming.py`. Prompts are encoded as `adaspec/tokenization.py` states (shared with `adaspec generate`); chat
-content never becomes control tokens (`server/chat_prompt.py`).
+Sampling fields become SamplingParams in `server/request_params.py`; SSE events are built in
+`server/streaming.py`. Prompts are encoded as `adaspec/tokenization.py` states (shared with
+`adaspec generate`); chat content never becomes control tokens (`server/chat_prompt.py`).
 Bodies are parsed, validated and tokenized on one worker thread (the tokenizer is not
 thread-safe), never on the event loop, so a large prompt does not stall the other streams.
 A failure after a stream has started is sent as a final `data: {"error": ...}` event before
@@ -31,7 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from adaspec.engine.request import RequestOutput
-from adaspec.sampling import SamplingParams
+from adaspec.sampling import MAX_N
 from adaspec.server.async_engine import AsyncEngine, EngineError, RequestStream
 from adaspec.server.body import parse_body
 from adaspec.server.chat_tools import ToolOutput, chat_messages, default_parser_name, template_kwargs
@@ -39,16 +40,17 @@ from adaspec.server.structured_request import GrammarCheck, structured_of, tool_
 from adaspec.server.tool_parsers import get_tool_parser
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from adaspec.server.logprobs import TokenText, chat_logprobs, completion_logprobs
 from adaspec.server.streaming import stream_response
 from adaspec.server.chat_prompt import encode_chat_untrusted
-from adaspec.server.info import BUILTIN_SAMPLING_DEFAULTS, server_info
+from adaspec.server.info import server_info
+from adaspec.server.request_params import Prepared, param_of, prepare_choices
 from adaspec.tokenization import encode_text, has_chat_template
 
 logger = logging.getLogger("adaspec.server")
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                   "stop_token_ids", "max_draft_tokens")
+
 
 @dataclass
 class ServerSettings:
@@ -67,19 +69,6 @@ class ServerSettings:
     allowed_origins: tuple[str, ...] = ()    # CORS origins (empty: no CORS); see routes_extra.py
     log_stats_interval_s: float = 0.0        # the periodic stats line (server/stats_log.py); 0: off
     tool_call_parser: str | None = None      # server/tool_parsers.py name; None: the model family's
-
-
-@dataclass
-class _Prepared:
-    prompt_ids: list[int]
-    params: SamplingParams
-    tools: tuple = ("none", None)    # chat: (tool mode, named function) (server/structured_request.py)
-
-
-def _param_of(err: ValueError, default: str | None = None) -> str | None:
-    """SamplingParams' messages start with the field name; use it as the OpenAI `param`."""
-    first = str(err).split(" ", 1)[0]
-    return first if first in SAMPLING_FIELDS else default
 
 
 async def _wait_for_disconnect(raw: Request) -> None:
@@ -147,9 +136,8 @@ class OpenAIServing:
         if req.model is not None and req.model not in self.model_names:
             raise APIError(f"The model `{req.model}` does not exist.", status=404, param="model",
                            code="model_not_found")
-        if req.n != 1:
-            raise APIError(f"n must be 1 (got {req.n}); send several prompts for several choices",
-                           param="n")
+        if not 1 <= req.n <= MAX_N:
+            raise APIError(f"n must be in [1, {MAX_N}], got {req.n}", param="n")
         bad = req.unsupported()
         if bad is not None:
             raise APIError(bad[1], param=bad[0])
@@ -159,48 +147,7 @@ class OpenAIServing:
             raise APIError("this model has no tokenizer: send the prompt as token ids", param=param)
         return encode_text(self.tokenizer, text)
 
-    def _prepare(self, req, prompt_ids: list[int], default_max_tokens: int, param: str,
-                 structured=None) -> _Prepared:
-        limit = self.aengine.max_model_len
-        if not prompt_ids:
-            raise APIError("the prompt is empty", param=param)
-        if len(prompt_ids) >= limit:
-            raise APIError(f"the prompt has {len(prompt_ids)} tokens, but the context limit is {limit} "
-                           f"tokens and at least one must be left for the completion", param=param,
-                           code="context_length_exceeded")
-        if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
-            max_tokens, max_param = req.max_completion_tokens, "max_completion_tokens"
-        else:
-            max_tokens, max_param = req.max_tokens, "max_tokens"
-        explicit = max_tokens is not None
-        if not explicit:
-            max_tokens = min(default_max_tokens, limit - len(prompt_ids))
-        defaults = {**BUILTIN_SAMPLING_DEFAULTS, **self.aengine.sampling_defaults}
-        try:
-            params = SamplingParams(
-                max_tokens=max_tokens,
-                temperature=defaults["temperature"] if req.temperature is None else float(req.temperature),
-                top_p=defaults["top_p"] if req.top_p is None else float(req.top_p),
-                top_k=defaults["top_k"] if req.top_k is None else req.top_k,
-                min_p=defaults["min_p"] if req.min_p is None else float(req.min_p),
-                seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids or [],
-                ignore_eos=req.ignore_eos, speculate=req.speculate, max_draft_tokens=req.max_draft_tokens,
-                structured=structured)
-        except ValueError as e:
-            param = _param_of(e)
-            raise APIError(str(e), param=max_param if param == "max_tokens" else param) from None
-        vocab = getattr(self.aengine, "vocab_size", None)
-        beyond = [t for t in params.stop_token_ids if vocab is not None and t >= vocab]
-        if beyond:
-            raise APIError(f"stop_token_ids: token id {beyond[0]} is out of range [0, {vocab})",
-                           param="stop_token_ids")
-        if explicit and len(prompt_ids) + max_tokens > limit:
-            raise APIError(f"this model's maximum context length is {limit} tokens, but {len(prompt_ids)} "
-                           f"prompt tokens + {max_param}={max_tokens} exceed it", param=max_param,
-                           code="context_length_exceeded")
-        return _Prepared(prompt_ids, params)
-
-    def prepare_completion(self, req: CompletionRequest) -> list[_Prepared]:
+    def prepare_completion(self, req: CompletionRequest) -> list[Prepared]:
         self._check_common(req)
         p = req.prompt
         if isinstance(p, str):
@@ -227,10 +174,15 @@ class OpenAIServing:
                 ids = self._encode(item, "prompt")
             else:
                 ids = list(item)
-            out.append(self._prepare(req, ids, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt", structured))
+            choices = prepare_choices(self.aengine, req, ids, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt", structured)
+            if req.echo:
+                text = item if isinstance(item, str) else (self.tokenizer.decode(ids) if self.tokenizer else "")
+                for c in choices:
+                    c.prompt_text = text
+            out += choices
         return out
 
-    def prepare_chat(self, req: ChatCompletionRequest) -> list[_Prepared]:
+    def prepare_chat(self, req: ChatCompletionRequest) -> list[Prepared]:
         self._check_common(req)
         if not has_chat_template(self.tokenizer):
             raise APIError("this model has no chat template; use /v1/completions", param="messages")
@@ -249,13 +201,13 @@ class OpenAIServing:
             ids = encode_chat_untrusted(self.tokenizer, messages, kw)
         except Exception as e:  # jinja's TemplateError or a template's raise_exception()
             raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
-        p = self._prepare(req, ids, self.aengine.max_model_len, "messages", structured)
-        p.tools = (mode, name)
-        return [p]
-
+        prepared = prepare_choices(self.aengine, req, ids, self.aengine.max_model_len, "messages", structured)
+        for p in prepared:
+            p.tools = (mode, name)
+        return prepared
 
     # ----- submission -----------------------------------------------------------------------------
-    async def submit(self, request_id: str, prepared: list[_Prepared]) -> list[RequestStream]:
+    async def submit(self, request_id: str, prepared: list[Prepared]) -> list[RequestStream]:
         """Add every prompt of a request, all or nothing."""
         s = self.settings
         if self.aengine.stopping:
@@ -282,7 +234,7 @@ class OpenAIServing:
             self.aengine.abort(st.request_id)
         err = errors[0]
         if isinstance(err, ValueError):
-            raise APIError(str(err), param=_param_of(err, "prompt"))
+            raise APIError(str(err), param=param_of(err, "prompt"))
         if isinstance(err, EngineError):
             status = 503 if self.aengine.stopping or not self.aengine.is_alive else 500
             raise APIError(str(err), status=status, type="server_error", code="engine_error")
@@ -361,8 +313,9 @@ class OpenAIServing:
 
     # ----- response bodies ------------------------------------------------------------------------
     @staticmethod
-    def usage(finals: list[RequestOutput]) -> dict:
-        p = sum(len(o.prompt_token_ids) for o in finals)
+    def usage(finals: list[RequestOutput], n: int = 1) -> dict:
+        """Token counts; a prompt's tokens count once however many choices it has."""
+        p = sum(len(o.prompt_token_ids) for o in finals[::n])
         c = sum(len(o.token_ids) for o in finals)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
@@ -378,9 +331,21 @@ class OpenAIServing:
         model = req.model or self.settings.served_model_name
         streams = await self.submit(rid, prepared)
         base = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        text_of = TokenText(self.tokenizer)
+        offsets = [0] * len(prepared)     # text offset of each choice's next token
+        echoed = [not req.echo] * len(prepared)
 
-        def choice(i: int, text: str, out: RequestOutput, finish: str | None, new_ids: list[int]) -> dict:
-            c = {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+        def choice(i: int, text: str, out: RequestOutput, finish: str | None, new_ids: list[int], lps) -> dict:
+            prompt = None
+            if not echoed[i]:   # the prompt (and its logprobs) once, before the choice's first text
+                echoed[i] = True
+                text = (prepared[i].prompt_text or "") + text
+                if out.prompt_logprobs is not None:
+                    prompt = (out.prompt_token_ids, out.prompt_logprobs)
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs, offsets[i] = completion_logprobs(text_of, new_ids, lps or [], offsets[i], prompt)
+            c = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
             if req.return_token_ids:
                 c["token_ids"] = new_ids
                 if finish is not None or not req.stream:
@@ -390,15 +355,16 @@ class OpenAIServing:
         if req.stream:
             def chunk(i: int, out: RequestOutput) -> dict:
                 finish = out.finish_reason if out.finished else None
-                return {**base, "choices": [choice(i, out.new_text or "", out, finish, out.new_token_ids)]}
+                return {**base, "choices": [choice(i, out.new_text or "", out, finish, out.new_token_ids,
+                                                   out.new_logprobs)]}
             return stream_response(self, streams, chunk, base, req, first=None)
 
         finals = await self.collect(streams, raw)
         if finals is None:
             return Response(status_code=499)
-        return JSONResponse({**base, "choices": [choice(i, o.text or "", o, o.finish_reason, o.token_ids)
+        return JSONResponse({**base, "choices": [choice(i, o.text or "", o, o.finish_reason, o.token_ids, o.logprobs)
                                                  for i, o in enumerate(finals)],
-                             "usage": self.usage(finals)})
+                             "usage": self.usage(finals, req.n)})
 
     async def chat(self, body: bytes, raw: Request) -> Response:
         req, prepared = await self.off_loop(self._parse_and_prepare, body, ChatCompletionRequest,
@@ -407,6 +373,10 @@ class OpenAIServing:
         created = int(time.time())
         model = req.model or self.settings.served_model_name
         streams = await self.submit(rid, prepared)
+        text_of = TokenText(self.tokenizer)
+
+        def logprobs(ids: list[int], lps) -> dict | None:
+            return chat_logprobs(text_of, ids, lps or []) if req.logprobs else None
 
         mode, name = prepared[0].tools
         eos = set(getattr(self.aengine, "eos_token_ids", None) or [])
@@ -423,7 +393,8 @@ class OpenAIServing:
                 if tools[i].active:
                     return tools[i].chunks(base, i, out, finish)
                 delta = {"content": out.new_text} if out.new_text else {}
-                c = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+                c = {"index": i, "delta": delta, "logprobs": logprobs(out.new_token_ids, out.new_logprobs),
+                     "finish_reason": finish}
                 if req.return_token_ids:
                     c["token_ids"] = out.new_token_ids
                 return {**base, "choices": [c]}
@@ -438,13 +409,14 @@ class OpenAIServing:
             if tools[i].active:
                 message, called = tools[i].message(o)
                 finish = "tool_calls" if called and finish == "stop" else finish
-            c = {"index": i, "message": message, "logprobs": None, "finish_reason": finish}
+            c = {"index": i, "message": message, "logprobs": logprobs(o.token_ids, o.logprobs),
+                 "finish_reason": finish}
             if req.return_token_ids:
                 c["token_ids"] = o.token_ids
                 c["prompt_token_ids"] = o.prompt_token_ids
             choices.append(c)
         return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
-                             "choices": choices, "usage": self.usage(finals)})
+                             "choices": choices, "usage": self.usage(finals, req.n)})
 
     def server_info(self) -> dict:
         """/server_info (`server/info.py`)."""

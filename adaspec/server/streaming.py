@@ -40,8 +40,8 @@ def stream_response(serving, streams: list[RequestStream], chunk, base: dict, re
                 if out.finished:
                     finals[i] = out
                 # Skip empty mid-stream outputs (e.g. text held back by the detokenizer) unless
-                # the client asked for token ids, which are never held back.
-                if out.finished or out.new_text or (req.return_token_ids and out.new_token_ids) \
+                # the client asked for token ids or logprobs, which are never held back.
+                if out.finished or out.new_text or ((req.return_token_ids or out.new_logprobs) and out.new_token_ids) \
                         or (out.new_text is None and out.new_token_ids):
                     objs = chunk(i, out)   # one chunk, or several (tool-call deltas)
                     for obj in objs if isinstance(objs, list) else [objs]:
@@ -50,7 +50,7 @@ def stream_response(serving, streams: list[RequestStream], chunk, base: dict, re
                             obj["usage"] = serving.usage([out])
                         yield sse(obj)
             if include_usage:
-                yield sse({**base, "choices": [], "usage": serving.usage(finals)})  # type: ignore[arg-type]
+                yield sse({**base, "choices": [], "usage": serving.usage(finals, req.n)})  # type: ignore[arg-type]
         except EngineError as e:
             serving.metrics.on_rejected("engine_error")
             yield sse(APIError(str(e), status=500, type="server_error", code="engine_error").body())

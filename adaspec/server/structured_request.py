@@ -108,6 +108,9 @@ class GrammarCheck:
     def __call__(self, structured: StructuredOutput | None, field: str) -> None:
         if structured is None:
             return
+        if self.aengine.config.tensor_parallel_size > 1:
+            from adaspec.engine.grammar_step import TP_UNSUPPORTED
+            raise APIError(f"{field}: {TP_UNSUPPORTED}", param=field)
         if self.cache is None:
             if self.tokenizer is None:
                 raise APIError(f"{field}: structured outputs need the model's tokenizer", param=field)

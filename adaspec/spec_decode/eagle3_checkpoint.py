@@ -304,7 +304,9 @@ def load_eagle3(draft_dir: str | Path, target_spec: ModelSpec, target_embed: nn.
     draft_vocab = cfg.get("draft_vocab_size") or target_spec.vocab_size
 
     own = tensors.get("embed_tokens.weight")
-    copy = own is not None and not fmt.embed_trained and is_target_copy(own, target_embed.weight)
+    copy = own is not None and not fmt.embed_trained and (
+        target_embed.matches(own, is_target_copy) if hasattr(target_embed, "matches")  # a vocabulary shard
+        else is_target_copy(own, target_embed.weight))
     own_embed = own is not None and not copy
     if fmt.embed_trained and own is None and load_format != "dummy":
         raise ValueError(f"EAGLE-3 head {draft_dir} says embed_requires_grad=true but has no embed_tokens.weight")

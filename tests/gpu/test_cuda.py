@@ -222,7 +222,8 @@ def test_cuda_seeded_output_independent_of_speculation(models):
 def test_cuda_grammar_with_speculation_equals_off(models):
     """Grammar requests on the device (forward graphs, pinned draft readback, xgrammar's CUDA
     mask kernel) mixed with free ones: greedy equal to speculation off, chains and trees, and
-    every constrained output obeys its grammar (tokens are single characters of a raw vocabulary)."""
+    every constrained output obeys its grammar (tokens are single characters of a raw vocabulary),
+    with penalties, logit_bias and logprobs in the same request too."""
     pytest.importorskip("xgrammar")
     from adaspec.structured import StructuredOutput
     from adaspec.structured.grammar import GrammarCache
@@ -232,7 +233,10 @@ def test_cuda_grammar_with_speculation_equals_off(models):
     spec = StructuredOutput("regex", "[" + "".join(pieces[i] for i in range(320) if i % 3) + "]*")
     prompts = [[(7 * i + j) % 300 + 3 for j in range(5 + 3 * i)] for i in range(6)]
     params = [SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, structured=spec if i % 2 else None)
-              for i in range(6)]
+              for i in range(5)]
+    # grammar, penalties and logprobs in one request (mask after the penalties, raw logprobs)
+    params.append(SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, structured=spec,
+                                 repetition_penalty=1.3, logit_bias={4: 2.0}, logprobs=3))
     runs = {}
     for name, kw in {"off": {}, "chain": dict(draft=str(h), speculation="always", num_steps=3),
                      "tree": dict(draft=str(h), speculation="always", num_steps=2, topk=4,
@@ -242,3 +246,27 @@ def test_cuda_grammar_with_speculation_equals_off(models):
         runs[name] = [o.token_ids for o in llm.generate(prompts, params)]
     assert runs["chain"] == runs["off"] and runs["tree"] == runs["off"]
     assert all(t % 3 for i, o in enumerate(runs["off"]) if i % 2 for t in o)
+
+
+def test_cuda_logprobs_penalties_lossless_and_graphs_kept(models):
+    """Issue 24 on the device: greedy output and logprobs with penalties, logit_bias and
+    min_tokens under chain and tree speculation (CUDA graphs, overlap) equal speculation off;
+    plain requests next to them are unchanged."""
+    d, h = models["llama"]
+    prompts = [[(5 * i + j) % 300 + 3 for j in range(6 + 2 * i)] for i in range(6)]
+    g = dict(temperature=0.0, ignore_eos=True, max_tokens=24)
+    params = [SamplingParams(logprobs=5, **g), SamplingParams(repetition_penalty=1.3, **g),
+              SamplingParams(frequency_penalty=0.5, presence_penalty=0.5, logprobs=0, **g),
+              SamplingParams(logit_bias={11: 3.0}, **g), SamplingParams(min_tokens=8, **g), SamplingParams(**g)]
+    ref = LLM(str(d), device="cuda", dtype="float32", max_num_seqs=16).generate(prompts, params)
+    plain = LLM(str(d), device="cuda", dtype="float32", max_num_seqs=16).generate(prompts, SamplingParams(**g))
+    assert ref[5].token_ids == plain[5].token_ids and ref[1].token_ids != plain[1].token_ids
+    for shape in (dict(num_steps=3, topk=1), dict(num_steps=2, topk=4, num_draft_tokens=16)):
+        llm = LLM(str(d), draft=str(h), speculation="always", device="cuda", dtype="float32", max_num_seqs=16,
+                  **shape)
+        outs = llm.generate(prompts, params)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+        for o, r in zip(outs, ref):
+            for (lp, top), (rlp, rtop) in zip(o.logprobs or [], r.logprobs or []):
+                assert abs(lp - rlp) < 1e-3   # alternatives by value: near-ties may swap ids across kernels
+                assert [v for _, v in top] == pytest.approx([v for _, v in rtop], abs=1e-3)

@@ -251,3 +251,23 @@ def test_kernel_rounds_weights_to_the_model_dtype_like_the_reference():
     assert not torch.equal(ref, moe_layer.fused_experts(x, w13, w2, weights, ids))
     got = fused_experts_triton(x, w13, w2, weights, ids, round_weights=True)
     torch.testing.assert_close(got.float(), ref.float(), rtol=2e-3, atol=2e-3)
+
+
+@needs_triton
+def test_launch_tiles_fit_shared_memory_for_the_dtype():
+    """The measured table is bf16's; fp32 takes twice the shared memory per tile, so the same
+    launch is shrunk to fit (on the H200 the table's 512-pair launch failed in fp32), while
+    bf16 launches of the committed table stay exactly as measured."""
+    from adaspec.layers.moe import triton_kernels as tk
+
+    big = {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
+    need = lambda c, b: c["num_stages"] * (c["BLOCK_M"] * c["BLOCK_K"] + c["BLOCK_K"] * c["BLOCK_N"]) * b  # noqa: E731
+    assert need(big, 4) > tk.SMEM_BUDGET
+    fp32 = tk.fit_shared_memory(big, 4)
+    assert need(fp32, 4) <= tk.SMEM_BUDGET and fp32["BLOCK_M"] == 16 and fp32["num_stages"] == 2
+    assert tk.fit_shared_memory(big, 2) == big
+    for pairs in (8, 512, 4096, 10 ** 6):
+        cfg = tk._table("E128_H2048_I768")
+        raw = next((cfg[b] for b in sorted(cfg) if pairs <= b), cfg[max(cfg)])
+        assert tk.launch_config(pairs, 128, 2048, 768, 2) == {**raw, "num_stages": raw.get("num_stages", 3)}
+        assert need(tk.launch_config(pairs, 128, 2048, 768, 4), 4) <= tk.SMEM_BUDGET

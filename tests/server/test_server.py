@@ -217,6 +217,7 @@ def test_server_info(server, dirs):
     stats = info["stats"]
     assert stats["num_total_blocks"] == 512 and 0 < stats["num_free_blocks"] <= 512
     assert stats["avg_accept_length"] >= 1.0 and stats["verify_steps"] > 0
+    assert cfg["tensor_parallel_size"] == stats["tensor_parallel_size"] == 1
 
 
 # ----- bad input ----------------------------------------------------------------------------------------
@@ -239,9 +240,16 @@ BAD_REQUESTS = [
     ("completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
     ("completions", {"prompt": "hi", "max_draft_tokens": -1}, 400, "max_draft_tokens"),
     ("completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
-    ("completions", {"prompt": "hi", "n": 2}, 400, "n"),
-    ("completions", {"prompt": "hi", "logprobs": 3}, 400, "logprobs"),
-    ("completions", {"prompt": "hi", "echo": True}, 400, "echo"),
+    ("completions", {"prompt": "hi", "n": 0}, 400, "n"),
+    ("completions", {"prompt": "hi", "logprobs": 30}, 400, "logprobs"),
+    ("completions", {"prompt": "hi", "best_of": 3}, 400, "best_of"),
+    ("completions", {"prompt": "hi", "suffix": "x"}, 400, "suffix"),
+    ("completions", {"prompt": "hi", "logit_bias": {"x": 1}}, 400, "logit_bias"),
+    ("completions", {"prompt": "hi", "logit_bias": {"999999": 1}}, 400, "logit_bias"),
+    ("completions", {"prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ("completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("completions", {"prompt": "hi", "presence_penalty": -2.5}, 400, "presence_penalty"),
+    ("completions", {"prompt": "hi", "min_tokens": 9, "max_tokens": 5}, 400, "min_tokens"),
     ("completions", {"prompt": ""}, 400, "prompt"),
     ("completions", {"prompt": []}, 400, "prompt"),
     ("completions", {"prompt": ["ok", ""]}, 400, "prompt"),
@@ -251,7 +259,7 @@ BAD_REQUESTS = [
     ("completions", b'{"prompt": "hi", "temperature": NaN}', 400, None),
     ("completions", {"prompt": "hi", "seed": 2**64}, 400, "seed"),
     ("completions", {"prompt": "hi", "top_k": 2**63}, 400, "top_k"),
-    ("completions", {"prompt": "hi", "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    ("completions", {"prompt": "hi", "frequency_penalty": 2.5}, 400, "frequency_penalty"),
     ("completions", {"prompt": LONG}, 400, "prompt"),
     ("completions", {"prompt": "hi", "max_tokens": 600}, 400, "max_tokens"),
     ("chat/completions", {"messages": []}, 400, "messages"),
@@ -259,7 +267,10 @@ BAD_REQUESTS = [
     ("chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
     ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "messages.0.content"),
-    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "n"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 100}, 400, "n"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
+     400, "top_logprobs"),
     ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10000},
      400, "max_completion_tokens"),
     ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True, "temperature": -3},
@@ -407,3 +418,62 @@ def test_overload_then_sigterm_exits_0(dirs):
         assert sum("adaspec serving" in line for line in out.splitlines()) == 1
     finally:
         srv.stop()
+
+
+# ----- logprobs, n, penalties through the official SDK (issue 24) ------------------------------------
+def test_sdk_logprobs_n_and_penalties(server, client, dirs, tokenizer):
+    """Under speculation (always): completions logprobs equal transformers' log-softmax of the
+    target; echo puts the prompt's tokens first; n=3 choices are the n=1 requests with seed + i;
+    chat logprobs (streamed too) cover every token; logit_bias and penalties act."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2,
+                                  echo=True, extra_body={"return_token_ids": True, "ignore_eos": True})
+    c = r.choices[0]
+    ids, prompt_ids = c.model_extra["token_ids"], c.model_extra["prompt_token_ids"]
+    lp = c.logprobs
+    assert c.text.startswith(PROMPT) and len(lp.tokens) == len(prompt_ids) + len(ids) == len(lp.text_offset)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    hf = AutoModelForCausalLM.from_pretrained(dirs[0], dtype=torch.float32)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt_ids + ids])).logits[0], -1)
+    seq = prompt_ids + ids
+    for j in range(1, len(seq)):
+        assert abs(lp.token_logprobs[j] - float(ref[j - 1, seq[j]])) < 1e-3, j
+        assert len(lp.top_logprobs[j]) <= 2
+        assert max(lp.top_logprobs[j].values()) == pytest.approx(float(ref[j - 1].max()), abs=1e-3)
+
+    kw = dict(model=MODEL_NAME, prompt=PROMPT, max_tokens=6, temperature=1.0, extra_body={"ignore_eos": True})
+    many = client.completions.create(n=3, seed=5, **kw)
+    assert [ch.index for ch in many.choices] == [0, 1, 2]
+    assert many.usage.prompt_tokens == len(prompt_ids) and many.usage.completion_tokens == 18
+    singles = [client.completions.create(seed=5 + i, **kw).choices[0].text for i in range(3)]
+    assert [ch.text for ch in many.choices] == singles
+
+    msgs = [{"role": "user", "content": "hi"}]
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=6, temperature=0, n=2,
+                                          logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 6 and all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
+    assert content[0].logprob == pytest.approx(content[0].top_logprobs[0].logprob, abs=1e-5)   # greedy: the top
+    streamed = []
+    for ev in client.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=6, temperature=0,
+                                             logprobs=True, top_logprobs=1, stream=True,
+                                             extra_body={"ignore_eos": True}):
+        if ev.choices and ev.choices[0].logprobs is not None:
+            streamed += ev.choices[0].logprobs.content
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-4)
+
+    biased = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=5, temperature=0,
+                                       logit_bias={"42": 100},
+                                       extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert biased.choices[0].model_extra["token_ids"] == [42] * 5
+    pen = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=12, temperature=0,
+                                    frequency_penalty=2.0, presence_penalty=2.0,
+                                    extra_body={"return_token_ids": True, "ignore_eos": True,
+                                                "repetition_penalty": 1.5, "min_tokens": 3})
+    toks = pen.choices[0].model_extra["token_ids"]
+    assert len(toks) == 12 and len(set(toks)) >= 8   # heavy penalties: few repeats

@@ -158,3 +158,19 @@ def test_langchain_and_litellm(spec_server):
                            messages=[{"role": "user", "content": "Hi"}], max_tokens=60, temperature=0,
                            response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": CITY}})
     jsonschema.validate(json.loads(r.choices[0].message.content), CITY)
+
+
+def test_grammar_refused_under_tensor_parallelism():
+    """A server whose engine has tensor_parallel_size > 1 answers a constrained request with
+    a 400 naming the field (the mask would never reach the other ranks), before any work."""
+    from types import SimpleNamespace
+
+    from adaspec.server.protocol import APIError
+    from adaspec.server.structured_request import GrammarCheck
+    from adaspec.structured import StructuredOutput
+
+    check = GrammarCheck(None, SimpleNamespace(config=SimpleNamespace(tensor_parallel_size=2)))
+    check(None, "response_format")   # nothing to constrain: fine
+    with pytest.raises(APIError, match="response_format: structured outputs .* tensor_parallel_size > 1") as e:
+        check(StructuredOutput("json"), "response_format")
+    assert e.value.status == 400 and e.value.body()["error"]["param"] == "response_format"

@@ -518,10 +518,11 @@ def test_generation_config_defaults(llama_dir, tmp_path):
 
     d = _with_generation_config(llama_dir, tmp_path, {"do_sample": True, "temperature": 0.6, "top_p": 0.9,
                                                       "top_k": 20, "repetition_penalty": 1.1})
-    assert generation_defaults(d) == ({"temperature": 0.6, "top_p": 0.9, "top_k": 20}, ["repetition_penalty"])
+    assert generation_defaults(d) == ({"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.1},
+                                      [])
     llm = LLM(d, device="cpu", dtype="float32")
     p = llm.default_sampling_params(max_tokens=5)
-    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens) == (0.6, 0.9, 20, 0.0, 5)
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens, p.repetition_penalty) == (0.6, 0.9, 20, 0.0, 5, 1.1)
     off = LLM(d, device="cpu", dtype="float32", generation_config="none")
     q = off.default_sampling_params()
     assert off.engine.sampling_defaults == {} and (q.temperature, q.top_p, q.top_k) == (1.0, 1.0, -1)
@@ -544,14 +545,13 @@ def test_server_applies_generation_defaults_per_field():
     """A request's own fields win; the ones it leaves out come from the model's defaults."""
     from types import SimpleNamespace
 
-    from adaspec.server.api import OpenAIServing, ServerSettings
     from adaspec.server.protocol import ChatCompletionRequest, CompletionRequest
+    from adaspec.server.request_params import prepare_choices
 
     aengine = SimpleNamespace(config=SimpleNamespace(model="m"), tokenizer=None, max_model_len=64,
                               sampling_defaults={"temperature": 0.6, "top_p": 0.9})
-    serving = OpenAIServing(aengine, metrics=None, settings=ServerSettings(served_model_name="m"))
-    p = serving._prepare(CompletionRequest(prompt=[1, 2]), [1, 2], 16, "prompt").params
+    p = prepare_choices(aengine, CompletionRequest(prompt=[1, 2]), [1, 2], 16, "prompt")[0].params
     assert (p.temperature, p.top_p, p.top_k, p.min_p) == (0.6, 0.9, -1, 0.0)
     req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], temperature=0.0, top_k=5)
-    p = serving._prepare(req, [1, 2], 16, "messages").params
+    p = prepare_choices(aengine, req, [1, 2], 16, "messages")[0].params
     assert (p.temperature, p.top_p, p.top_k) == (0.0, 0.9, 5)

@@ -74,7 +74,10 @@ def test_greedy_with_grammar_equals_speculation_off(tok_model_dir, tok_head_dir)
 def test_accepted_drafts_under_a_grammar(agree_dir, trained_head):
     """A head that agrees with its target, so drafts are accepted, under a grammar that forbids
     a third of the vocabulary: greedy output is the same with speculation off, chains and trees,
-    and never holds a forbidden token (tokens are single characters of a raw vocabulary)."""
+    and never holds a forbidden token (tokens are single characters of a raw vocabulary). Two
+    requests add penalties, logit_bias and logprobs to the grammar: the mask composes with them
+    (same output and logprobs everywhere) and the logprobs stay the raw target's (forbidden
+    tokens among the alternatives)."""
     from adaspec.structured.grammar import GrammarCache
 
     from helpers import prompts_of_lengths
@@ -84,20 +87,32 @@ def test_accepted_drafts_under_a_grammar(agree_dir, trained_head):
     spec = StructuredOutput("regex", "[" + "".join(pieces[i] for i in allowed) + "]*")
     prompts = prompts_of_lengths([5, 9, 14, 7], seed=3)
     sp = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, structured=spec)
-    outs = {}
+    mixed = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, structured=spec, repetition_penalty=1.5,
+                           frequency_penalty=0.5, logit_bias={3: 100.0, 4: 5.0}, logprobs=3)
+    params = [sp] * len(prompts) + [mixed] * 2
+    prompts = prompts + prompts[:2]
+    outs, lps = {}, {}
     for name, kw in {"off": {}, "chain": dict(draft=trained_head, speculation="always", num_steps=4),
                      "tree": dict(draft=trained_head, speculation="always", num_steps=3, topk=2,
                                   num_draft_tokens=6)}.items():
         llm = LLM(agree_dir, device="cpu", dtype="float32", **kw)
         llm.engine.grammars = GrammarCache.from_vocab(pieces, stop_token_ids=[1])
-        outs[name] = [o.token_ids for o in llm.generate(prompts, sp)]
+        res = llm.generate(prompts, params)
+        outs[name] = [o.token_ids for o in res]
+        lps[name] = [o.logprobs for o in res[-2:]]
         if name != "off":
             assert llm.stats()["accepted_tokens"] > 0, name
     assert outs["chain"] == outs["off"] and outs["tree"] == outs["off"]
     assert all(t % 3 for o in outs["off"] for t in o)
+    assert outs["off"][-2:] != outs["off"][:2]   # the penalties changed the output, within the grammar
+    for name in ("chain", "tree"):
+        for got, ref in zip(lps[name], lps["off"]):
+            assert [lp for lp, _ in got] == pytest.approx([lp for lp, _ in ref], abs=1e-4)
+    alts = [t for o in lps["off"] for _, top in o for t, _ in top]
+    assert len(alts) == 2 * 24 * 3 and any(t % 3 == 0 for t in alts)   # raw: not masked
     free = [o.token_ids for o in LLM(agree_dir, device="cpu", dtype="float32").generate(
-        prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))]
-    assert free != outs["off"]   # the grammar changed the output
+        prompts[:4], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))]
+    assert free != outs["off"][:4]   # the grammar changed the output
 
 
 def _random_schema(rng: random.Random, depth: int = 0) -> dict:
@@ -158,22 +173,33 @@ def test_every_json_validates_against_its_schema(tok_model_dir, tok_head_dir):
     # A schema that does not compile is a ValueError naming the problem, at admission.
     with pytest.raises(ValueError, match="json_schema"):
         llm.generate(["x"], SamplingParams(structured=StructuredOutput("json_schema", '{"type": "nonsense"}')))
+    with pytest.raises(ValueError, match="min_tokens cannot be combined with a structured output"):
+        SamplingParams(min_tokens=2, structured=StructuredOutput("json"))
 
 
 def test_sampled_law_is_the_masked_target(tmp_path):
     """Speculative sampling (trees) with a grammar: the first two tokens follow the target's
     law restricted to what the grammar allows at each (false-alarm rate 1e-3)."""
+    import torch
+
     from adaspec.structured.grammar import GrammarCache
     from adaspec.testing import make_eagle3_head, make_tiny_model
 
-    from helpers import two_token_law
+    from helpers import chi2_pvalue, two_token_counts, two_token_expected
 
     d = make_tiny_model(tmp_path / "v8", "llama", vocab_size=8, init_std=0.1, eos_token_id=None)
     head = make_eagle3_head(tmp_path / "h8", d)
     cache = GrammarCache.from_vocab(list("abcdefgh"), stop_token_ids=[7])
     grammar = (cache, StructuredOutput("regex", "[a-d][b-g][c-e]"), [0, 1, 2, 3], [1, 2, 3, 4, 5, 6])
     n = 2000
-    pvalue, llm, outs = two_token_law(d, head, n, grammar=grammar)
+    counts, llm, outs = two_token_counts(d, head, n, sampling={"structured": grammar[1]}, grammars=cache)
+
+    def masked(lg, _prompt, out):   # the target's logits, masked to the grammar's tokens there
+        keep = torch.zeros(8, dtype=torch.bool)
+        keep[grammar[2] if not out else grammar[3]] = True
+        return lg.masked_fill(~keep, float("-inf"))
+
+    pvalue = chi2_pvalue(counts, two_token_expected(d, process=masked), n)
     # The third token comes from a draft node's mask whenever the second draft was accepted.
     assert all(o.token_ids[0] in grammar[2] and o.token_ids[1] in grammar[3] and o.token_ids[2] in (2, 3, 4)
                and o.error is None for o in outs)

@@ -48,14 +48,43 @@ def _table(key: str) -> dict[int, dict]:
     return DEFAULT_CONFIGS
 
 
-def launch_config(num_pairs: int, E: int, H: int, I: int) -> dict:
+# Shared memory a launch may plan for its pipelined tiles: below the H100/H200's 227 KiB per
+# block, leaving room for what Triton adds (layout conversions, the epilogue).
+SMEM_BUDGET = 160 * 1024
+
+
+def fit_shared_memory(cfg: dict, elem_bytes: int) -> dict:
+    """`cfg` with its pipelined tiles (num_stages x (BLOCK_M x BLOCK_K + BLOCK_K x BLOCK_N)
+    elements) within SMEM_BUDGET for this element size: the sweep measures bf16, and the same
+    tiles in fp32 take twice the memory (a launch that does not fit fails to compile). Drops a
+    stage first (down to 2), then halves BLOCK_K (down to 32), then BLOCK_N (down to 16)."""
+    c = dict(cfg)
+    c.setdefault("num_stages", 3)
+
+    def need(c):
+        return c["num_stages"] * (c["BLOCK_M"] * c["BLOCK_K"] + c["BLOCK_K"] * c["BLOCK_N"]) * elem_bytes
+
+    while need(c) > SMEM_BUDGET:
+        if c["num_stages"] > 2:
+            c["num_stages"] -= 1
+        elif c["BLOCK_K"] > 32:
+            c["BLOCK_K"] //= 2
+        elif c["BLOCK_N"] > 16:
+            c["BLOCK_N"] //= 2
+        else:
+            break
+    return c
+
+
+def launch_config(num_pairs: int, E: int, H: int, I: int, elem_bytes: int = 2) -> dict:
     """The launch parameters for `num_pairs` = T * top_k (token, expert) pairs: the smallest
-    bucket holding it, of the measured table for this (E, H, I) if there is one."""
+    bucket holding it, of the measured table for this (E, H, I) if there is one, fitted to the
+    shared memory for `elem_bytes`-byte elements."""
     table = _table(f"E{E}_H{H}_I{I}")
     for bound in sorted(table):
         if num_pairs <= bound:
-            return table[bound]
-    return table[max(table)]
+            return fit_shared_memory(table[bound], elem_bytes)
+    return fit_shared_memory(table[max(table)], elem_bytes)
 
 
 if triton is not None:
@@ -233,7 +262,7 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w
     if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
         raise ValueError("fused_experts: x, w13 and w2 need contiguous last dims")
     N = T * k
-    cfg = config or launch_config(N, E, H, I)
+    cfg = config or launch_config(N, E, H, I, x.element_size())
     BM, BN, BK = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     launch = {"num_warps": cfg.get("num_warps", 4), "num_stages": cfg.get("num_stages", 3)}
     sorted_pairs, block_expert, block_rows = align(ids, E, BM)

@@ -1,0 +1,155 @@
+"""The host side of history-dependent sampling (`adaspec.penalties`) and of logprobs: which
+rows of a verify batch need them, staged with the step's one host->device copy.
+
+Overlap: a step may be planned while the request's previous step is still in flight, so the
+host history misses that step's tokens. They are on the device already: the post-forward
+keeps each device row's last emitted tokens (`DeviceRows.last_emitted`), and a request whose
+previous step is unread (`Request.pending`) adds those. So penalized requests keep planning
+ahead like every other request; only their post-forward runs eagerly (no post CUDA graph).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from adaspec.device.staging import Staging
+from adaspec.penalties import PenaltyBatch
+
+
+@dataclass
+class StagedPenalties:
+    """Staging handles of a `PenaltyBatch` (device tensors after commit)."""
+
+    refs: dict
+    use_repetition: bool
+    use_min_tokens: bool
+
+    def batch(self) -> PenaltyBatch:
+        t = {k: r.t for k, r in self.refs.items()}
+        return PenaltyBatch(t["rows"], t["presence"], t["frequency"], t["repetition"], t["min_tokens"],
+                            t["out_len"], t["pending"].bool(), t["hist"], t["hist_val"], t["prompt"], t["bias"],
+                            t["bias_val"], t["stops"], self.use_repetition, self.use_min_tokens)
+
+
+def _pairs(pairs: list[tuple[int, int]]) -> np.ndarray:
+    return np.array(pairs, dtype=np.int64).reshape(-1, 2).T.copy()
+
+
+def stage_penalties(stg: Staging, reqs: list) -> StagedPenalties | None:
+    """Stage the penalized requests among `reqs` (the verify batch's, in order); None if none."""
+    rows = [k for k, r in enumerate(reqs) if r.params.penalized]
+    if not rows:
+        return None
+    hist, hist_val, prompt, bias, bias_val, stops = [], [], [], [], [], []
+    for j, k in enumerate(rows):
+        r = reqs[k]
+        p = r.params
+        for tok, c in Counter(r.output_token_ids).items():
+            hist.append((j, tok))
+            hist_val.append(c)
+        if p.repetition_penalty != 1:
+            prompt.extend((j, t) for t in set(r.prompt_token_ids))
+        for t, b in (p.logit_bias or {}).items():
+            bias.append((j, t))
+            bias_val.append(b)
+        if p.min_tokens:
+            ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids))
+            stops.extend((j, t) for t in ids)
+    ps = [reqs[k].params for k in rows]
+    host = {
+        "rows": (rows, torch.int64),
+        "presence": ([p.presence_penalty for p in ps], torch.float32),
+        "frequency": ([p.frequency_penalty for p in ps], torch.float32),
+        "repetition": ([p.repetition_penalty for p in ps], torch.float32),
+        "min_tokens": ([p.min_tokens for p in ps], torch.int64),
+        "out_len": ([len(reqs[k].output_token_ids) for k in rows], torch.int64),
+        "pending": ([reqs[k].pending > 0 for k in rows], torch.uint8),
+        "hist": (_pairs(hist), torch.int64), "hist_val": (hist_val, torch.float32),
+        "prompt": (_pairs(prompt), torch.int64),
+        "bias": (_pairs(bias), torch.int64), "bias_val": (bias_val, torch.float32),
+        "stops": (_pairs(stops), torch.int64),
+    }
+    refs = {k: stg.add(v, dt) for k, (v, dt) in host.items()}
+    return StagedPenalties(refs, any(p.repetition_penalty != 1 for p in ps), any(p.min_tokens for p in ps))
+
+
+@dataclass
+class StagedLogprobs:
+    """Rows of the verify batch that report logprobs, and the most alternatives any asks for."""
+
+    rows: object     # staging handle [L] int64
+    k: int
+    count: int
+
+
+def stage_logprobs(stg: Staging, reqs: list) -> StagedLogprobs | None:
+    rows = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
+    if not rows:
+        return None
+    return StagedLogprobs(stg.add(rows, torch.int64), max(reqs[i].params.logprobs for i in rows), len(rows))
+
+
+def token_logprobs(logits: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor, k: int) -> torch.Tensor:
+    """[L, D+1, 1 + 2k] float32 for L requests' emitted tokens: the token's raw log-probability,
+    then the k most likely tokens' log-probabilities and ids (ids as floats: exact below 2**24).
+    `logits` [L, N, V] raw target logits of the nodes; the token emitted at depth d was chosen
+    at node path[:, d]."""
+    L, N, V = logits.shape
+    rows = logits.gather(1, path.unsqueeze(2).expand(-1, -1, V))
+    lsm = torch.log_softmax(rows.float(), dim=-1)
+    own = lsm.gather(2, emitted.unsqueeze(2))
+    if k == 0:
+        return own
+    top = lsm.topk(k, dim=-1)
+    return torch.cat([own, top.values, top.indices.float()], dim=2)
+
+
+def unpack_logprobs(rows: list, k: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    """One request's `token_logprobs` rows (host lists) as (logprob, [(token id, logprob)] * k)
+    per emitted token."""
+    K = (len(rows[0]) - 1) // 2 if rows else 0
+    return [(r[0], [(int(r[1 + K + j]), r[1 + j]) for j in range(k)]) for r in rows]
+
+
+def prompt_logprob_rows(plan, lay) -> list[tuple[int, int, list[int], list[int]]]:
+    """(request index, first position, query rows, prompt tokens they predict) of the
+    requests in `plan` that want prompt logprobs and prefill in it: row j of a chunk starting
+    at position c predicts the prompt token at c + j + 1."""
+    out = []
+    for i, (s, L) in enumerate(zip(plan.scheduled, lay.reqs)):
+        r = s.req
+        if r.params.prompt_logprobs is None:
+            continue
+        c, n = r.num_computed, r.num_prompt_tokens
+        js = [j for j in range(L.n_new) if c + j + 1 < n]
+        if js:
+            out.append((i, c + 1, [L.row0 + j for j in js], [r.prompt_token_ids[c + j + 1] for j in js]))
+    return out
+
+
+def prompt_logprobs(lm_head, hidden: torch.Tensor, rows: list, k: int) -> torch.Tensor:
+    """[R, 1 + 2k] rows of `rows` (from `prompt_logprob_rows`): as `token_logprobs`, for the
+    prompt tokens each query row predicts."""
+    q = torch.tensor([x for _, _, rs, _ in rows for x in rs], dtype=torch.long).to(hidden.device)
+    tgt = torch.tensor([x for _, _, _, ts in rows for x in ts], dtype=torch.long).to(hidden.device)
+    lsm = torch.log_softmax(lm_head(hidden[q]).float(), dim=-1)
+    own = lsm.gather(1, tgt.unsqueeze(1))
+    if k == 0:
+        return own
+    top = lsm.topk(k, dim=-1)
+    return torch.cat([own, top.values, top.indices.float()], dim=1)
+
+
+def attach_prompt_logprobs(plan, prompt_lp: tuple, results: list) -> None:
+    """Put a step's prompt logprobs (rows from `prompt_logprob_rows`, their host copy) on the
+    StepResults of their requests, as (first position, `unpack_logprobs` entries)."""
+    rows, t = prompt_lp
+    t = t.tolist()
+    at = 0
+    for i, first, qs, _ in rows:
+        k = plan.scheduled[i].req.params.prompt_logprobs
+        results[i].prompt_logprobs = (first, unpack_logprobs(t[at:at + len(qs)], k))
+        at += len(qs)

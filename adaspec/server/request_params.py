@@ -1,0 +1,86 @@
+"""An OpenAI request body's sampling fields -> the engine's `SamplingParams`, one per choice
+(`prepare_choices`): the server's defaults (see `server/serving.py`) filled in, the ranges
+checked by `SamplingParams.validate` (so the server and the offline API refuse the same
+values), every failure an APIError naming the field.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adaspec.sampling import SamplingParams
+from adaspec.server.info import BUILTIN_SAMPLING_DEFAULTS
+from adaspec.server.protocol import APIError, ChatCompletionRequest
+
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+                   "stop_token_ids", "max_draft_tokens", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "logit_bias", "min_tokens", "logprobs", "prompt_logprobs", "n")
+
+
+@dataclass
+class Prepared:
+    """One choice of one prompt, ready for the engine."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    tools: tuple = ("none", None)    # chat: (tool mode, named function) (server/structured_request.py)
+    prompt_text: str | None = None   # what `echo` repeats
+
+
+def param_of(err: ValueError, default: str | None = None) -> str | None:
+    """SamplingParams' messages start with the field name; use it as the OpenAI `param`."""
+    first = str(err).split(" ", 1)[0]
+    return first if first in SAMPLING_FIELDS else default
+
+
+def prepare_choices(aengine, req, prompt_ids: list[int], default_max_tokens: int, param: str,
+                    structured=None) -> list[Prepared]:
+    """The `n` choices (seed + index each) of one prompt of `req` for `aengine`'s model: its
+    context limit, generation-config defaults and vocabulary; APIError naming the field that
+    is wrong. `param`: the field the prompt came in; `structured`: the request's grammar."""
+    limit = aengine.max_model_len
+    if not prompt_ids:
+        raise APIError("the prompt is empty", param=param)
+    if len(prompt_ids) >= limit:
+        raise APIError(f"the prompt has {len(prompt_ids)} tokens, but the context limit is {limit} "
+                       f"tokens and at least one must be left for the completion", param=param,
+                       code="context_length_exceeded")
+    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+        max_tokens, max_param = req.max_completion_tokens, "max_completion_tokens"
+    else:
+        max_tokens, max_param = req.max_tokens, "max_tokens"
+    explicit = max_tokens is not None
+    if not explicit:
+        max_tokens = min(default_max_tokens, limit - len(prompt_ids))
+    defaults = {**BUILTIN_SAMPLING_DEFAULTS, **aengine.sampling_defaults}
+    chat = isinstance(req, ChatCompletionRequest)
+    logprobs = ((req.top_logprobs or 0) if req.logprobs else None) if chat else req.logprobs
+    prompt_logprobs = None if chat or not req.echo else req.logprobs   # echo repeats the prompt's too
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=defaults["temperature"] if req.temperature is None else float(req.temperature),
+            top_p=defaults["top_p"] if req.top_p is None else float(req.top_p),
+            top_k=defaults["top_k"] if req.top_k is None else req.top_k,
+            min_p=defaults["min_p"] if req.min_p is None else float(req.min_p),
+            seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids or [],
+            ignore_eos=req.ignore_eos, speculate=req.speculate, max_draft_tokens=req.max_draft_tokens,
+            **{f: float(defaults.get(f, neutral) if getattr(req, f) is None else getattr(req, f))
+               for f, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                                  ("repetition_penalty", 1.0))},
+            logit_bias=req.logit_bias_ids(), min_tokens=req.min_tokens or 0,
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs, n=req.n, structured=structured)
+    except ValueError as e:
+        param = param_of(e)
+        if chat and param == "logprobs":
+            param = "top_logprobs"
+        raise APIError(str(e), param=max_param if param == "max_tokens" else param) from None
+    vocab = getattr(aengine, "vocab_size", None)
+    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or {})):
+        beyond = [t for t in ids if vocab is not None and t >= vocab]
+        if beyond:
+            raise APIError(f"{name}: token id {beyond[0]} is out of range [0, {vocab})", param=name)
+    if explicit and len(prompt_ids) + max_tokens > limit:
+        raise APIError(f"this model's maximum context length is {limit} tokens, but {len(prompt_ids)} "
+                       f"prompt tokens + {max_param}={max_tokens} exceed it", param=max_param,
+                       code="context_length_exceeded")
+    return [Prepared(prompt_ids, c) for c in params.choices()]
