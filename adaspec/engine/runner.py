@@ -10,8 +10,8 @@ One step (`launch` enqueues it, `collect` waits for it):
   3. target  one forward over prefill chunks, decodes and drafts (a CUDA graph when the batch
              is uniform: every request has the same number of query rows)
   4. verify  the LM head on the verify rows, the target's choices, verification; accepted tree
-             KV moved into place, the draft KV refreshed for every request (`verify_step`,
-             `draft_refresh`; one "post" CUDA graph after a target graph)
+             KV moved into place, the draft KV refreshed for every request that may speculate
+             (`verify_step`, `draft_refresh`; one "post" CUDA graph after a target graph)
   5. read    ONE device->host copy of the emitted tokens, queued; `collect` waits for it
 
 Between `launch` and `collect` the engine plans and launches the next step (overlap): a
@@ -296,10 +296,13 @@ class ModelRunner:
         sim = self.cfg.spec.simulate_accept_rate if N > 1 else None
         # Everything after the forward replays as one graph when the forward does, every
         # request is a decoder that samples, and every row is greedy.
+        # A step in which no request refreshes its draft replays a post graph without the
+        # refresh: requests that do not speculate cost what they cost without a draft head.
         post = None
         if graph is not None and len(lay.verify) == len(sched) and all(L.n_new == 1 for L in lay.reqs) \
                 and all(p.greedy for p in params):
-            post = self.graphs.post_graph(graph, D, "sim" if sim is not None else "greedy")
+            post = self.graphs.post_graph(graph, D, "sim" if sim is not None else "greedy",
+                                          refresh=self.draft is not None and any(s.refresh for s in sched))
         if extra:  # padding requests of the captured batch size: no keys, no KV writes
             fi.pad(extra, fi.q_lens[0], lay.tree)
         stg = self.stg
@@ -330,6 +333,8 @@ class ModelRunner:
         upd = self.rows.table_updates([s.req for s in sched])
         upd_d = stg.add(upd, torch.int64) if upd is not None else None
         fill = stg.add([fi.fill_at, fi.fill_from], torch.int64) if fi.fill_at else None
+        rfill = stg.add([refresh.fill_at, refresh.fill_from], torch.int64) \
+            if refresh is not None and refresh.fill_at else None
         chain = self.chain.stage(stg, self.draft_stg, plan, lay, rows, self.graphs, shift_d, self.max_draft) \
             if lay.chain else None
         trees = self.trees.stage(stg, self.draft_stg, plan, lay, rows, fi.tree_offsets, self.graphs, shift_d,
@@ -341,6 +346,8 @@ class ModelRunner:
             sh.apply(staged, self.rows.last_count, self.rows.block_table, self.block_size)
         if fill is not None:
             ids_d[fill.t[0]] = self.rows.last_token[fill.t[1]]
+        if rfill is not None:   # before this step's verification overwrites last_token
+            vb.refresh.fields["token"].t[rfill.t[0]] = self.rows.last_token[rfill.t[1]]
 
         # ---- draft (on the device) ----
         if chain is not None:
