@@ -10,11 +10,11 @@ R=/tmp/c3; mkdir -p $R
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; date -u; } > $R/device.txt 2>&1
 part() { local lim=$1 name=$2; shift 2; local t0=$SECONDS; timeout --kill-after=5 $lim "$@" > $R/$name.log 2>&1;
          echo "[$name rc=$? $((SECONDS-t0))s]"; tail -n 6 $R/$name.log; }
-part 170 gpu_tests python3 -m pytest -q -n 0 -p no:cacheprovider -x --durations=8 tests/gpu
-part 230 idle python3 benchmarks/idle_cost.py --out-dir $R/idle --levels 1,64 --waves 6
-part 75 sampling_cost python3 benchmarks/sampling_features_cost.py --shape llama-8b --batch 64 --device cuda \
+part 225 gpu_tests python3 -m pytest -q -n 0 -p no:cacheprovider -rf --durations=8 tests/gpu
+part 190 idle python3 benchmarks/idle_cost.py --out-dir $R/idle --levels 1,64 --waves 5
+part 65 sampling_cost python3 benchmarks/sampling_features_cost.py --shape llama-8b --batch 64 --device cuda \
     --out $R/sampling_features_cost.json
-part 90 demo_compare python3 -m adaspec.cli compare --configs off,always,auto --concurrency 1 \
+part 75 demo_compare python3 -m adaspec.cli compare --configs off,always,auto --concurrency 1 \
     --dataset tests/data/demo_heldout.jsonl --output-len 64 --num-prompts 32 --num-warmup 2 --num-steps 4 \
     --device cuda --out-dir $R/demo_compare
 tar czf $OUT/call3.tar.gz -C $R .
