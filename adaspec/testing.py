@@ -108,8 +108,9 @@ def make_tiny_model(path: str | os.PathLike, arch: str = "llama", *, hidden_size
 def make_eagle3_head(path: str | os.PathLike, target_dir: str | os.PathLike, *, draft_vocab_size: int | None = None,
                      seed: int = 1, aux_layer_ids: list[int] | None = None, init_std: float = 0.2,
                      state_dict: dict[str, torch.Tensor] | None = None, with_embed: bool = False,
-                     torch_dtype: str = "float32") -> Path:
+                     torch_dtype: str = "float32", num_layers: int = 1) -> Path:
     """Write an EAGLE-3 head (SpecForge / SGLang layout, through `save_eagle3`) sized for `target_dir`.
+    `num_layers` > 1 adds plain Llama decoder layers (layers.{i}.*) above the first.
 
     `aux_layer_ids` are SpecForge's ids (layer outputs: the input of id + 1 is captured).
     With `state_dict` the given tensors are written instead of random ones; `torch_dtype` is
@@ -155,6 +156,14 @@ def make_eagle3_head(path: str | os.PathLike, target_dir: str | os.PathLike, *, 
             state_dict["t2d"] = t2d
         if with_embed:
             state_dict["embed_tokens.weight"] = rnd(V, H)
+        for i in range(1, num_layers):
+            shapes = {"self_attn.q_proj": (nh * hd, H), "self_attn.k_proj": (nkv * hd, H),
+                      "self_attn.v_proj": (nkv * hd, H), "self_attn.o_proj": (H, nh * hd),
+                      "mlp.gate_proj": (inter, H), "mlp.up_proj": (inter, H), "mlp.down_proj": (H, inter)}
+            for name, shape in shapes.items():
+                state_dict[f"layers.{i}.{name}.weight"] = rnd(*shape)
+            for name in ("input_layernorm", "post_attention_layernorm"):
+                state_dict[f"layers.{i}.{name}.weight"] = torch.ones(H)
     if aux_layer_ids is not None:
         aux = tuple(i + 1 for i in aux_layer_ids)
     else:   # the upstream default, unless it repeats a layer of this (small) target

@@ -2,7 +2,8 @@
 shape) and of the target forward for uniform batches (every request has the same number of
 query rows q): decode (q = 1) and verification (q = k + 1 for chains, N for trees), at
 batch-size buckets up to `max_num_seqs`; after each target graph, a post graph per draft depth
-(LM head on the verify rows, greedy or simulated verification, tree-KV move, draft refresh).
+(LM head on the verify rows, greedy or simulated verification, tree-KV move, draft refresh;
+decode graphs also without the refresh, for steps in which no request may speculate).
 One memory pool is shared by all graphs (captured largest first). A batch between buckets is
 padded with requests that have no keys and write no KV (their blocks map to the runner's
 scratch block). Anything else (prefill, mixed steps, shapes over the token cap, sampled
@@ -144,7 +145,7 @@ class CudaGraphs:
         self.graphs: dict[tuple[int, int, bool], _Graph] = {}
         self.draft_graphs: dict[tuple[int, int], _DraftGraph] = {}
         self.tree_graphs: dict[tuple[int, int, int], _TreeGraph] = {}   # (batch, num_steps, N)
-        self.post_graphs: dict[tuple, _PostGraph] = {}   # (batch, q, tree, depth, verification)
+        self.post_graphs: dict[tuple, _PostGraph] = {}   # (batch, q, tree, depth, verification, refresh)
         self.pool = None
         self._h0 = self._tok0 = None
         self.capture_seconds = 0.0
@@ -187,8 +188,9 @@ class CudaGraphs:
         for b, q, tree in sorted(todo, key=lambda x: -x[0] * x[1]):
             self.graphs[(b, q, tree)] = self._capture(b, q, tree)
         for (b, q, tree), tg in sorted(self.graphs.items(), key=lambda x: -x[0][0] * x[0][1]):
-            for depth, kind in self.post_shapes(q, tree):
-                self.post_graphs[(b, q, tree, depth, kind)] = self._capture_post(tg, tree, depth, kind)
+            for depth, kind, refresh in self.post_shapes(q, tree):
+                self.post_graphs[(b, q, tree, depth, kind, refresh)] = self._capture_post(tg, tree, depth, kind,
+                                                                                          refresh)
         if g.chain is not None:  # chain drafting: every depth the policies may pick
             for k in range(g.spec.num_steps, 0, -1):
                 for b in reversed(buckets):
@@ -221,22 +223,24 @@ class CudaGraphs:
         full = SpeculationPolicy.configured_shape(spc)
         return sorted({full.capped(d) for d in range(1, spc.num_steps + 1)}, reverse=True)
 
-    def post_shapes(self, q: int, tree: bool) -> list[tuple[int, str]]:
-        """(depth, verification) pairs a post graph is captured for, after a target graph of q
-        rows per request: decode (depth 0), a chain of q-1, or each tree shape of q nodes;
-        greedy, or simulated acceptance when the engine simulates it. Draft heads of more
-        than one layer refresh with a forward of their own: no post graphs."""
-        if self.g.chain is not None and self.g.draft_layers > 1:
-            return []
+    def post_shapes(self, q: int, tree: bool) -> list[tuple[int, str, bool]]:
+        """(depth, verification, refresh) a post graph is captured for, after a target graph
+        of q rows per request: decode (depth 0), a chain of q-1, or each tree shape of q nodes;
+        greedy, or simulated acceptance when the engine simulates it; with the draft refresh,
+        and for decode also without it (a step in which no request may speculate). Draft
+        heads of more than one layer refresh with a forward of their own: only the latter."""
+        draft = self.g.chain is not None
         if q == 1:
-            return [(0, "greedy")]
+            return [(0, "greedy", False)] + ([(0, "greedy", True)] if draft and self.g.draft_layers == 1 else [])
+        if draft and self.g.draft_layers > 1:
+            return []
         kind = "sim" if self.g.spec.simulate_accept_rate is not None else "greedy"
         if not tree:
-            return [(q - 1, kind)]
-        return sorted({(s.num_steps, kind) for s in self.tree_shapes() if s.num_draft_tokens == q})
+            return [(q - 1, kind, True)]
+        return sorted({(s.num_steps, kind, True) for s in self.tree_shapes() if s.num_draft_tokens == q})
 
-    def post_graph(self, target: _Graph, depth: int, kind: str) -> _PostGraph | None:
-        return self.post_graphs.get((target.batch, target.q, target.tree, depth, kind))
+    def post_graph(self, target: _Graph, depth: int, kind: str, refresh: bool) -> _PostGraph | None:
+        return self.post_graphs.get((target.batch, target.q, target.tree, depth, kind, refresh))
 
     def tree_graph(self, B: int, S: int, N: int) -> _TreeGraph | None:
         return self.tree_graphs.get((self.bucket(B), S, N))
@@ -287,13 +291,12 @@ class CudaGraphs:
                                     max_ctx_len=g.max_model_len)  # kernels size split-KV for the longest context
 
     @torch.inference_mode()
-    def _capture_post(self, tg: _Graph, tree: bool, depth: int, kind: str) -> _PostGraph:
+    def _capture_post(self, tg: _Graph, tree: bool, depth: int, kind: str, refresh: bool) -> _PostGraph:
         g = self.g
         b, N = tg.batch, tg.q
         _, _, pos = self._stage_dummy(b, N, tree)   # the forward's fields first, as in a step
         lay = StepLayout([], N, depth, tree, [], [], [])
-        refresh = (refresh_entries([], [], depth, b, N, g.pad_row, g.block_size)
-                   if g.chain is not None else None)
+        refresh = refresh_entries([], [], depth, b, N, g.pad_row, g.block_size) if refresh else None
         vb = stage_verify(g.stg, verify_inputs(lay, b, g.pad_row, []),
                           np.zeros((b, max(1, N - 1)), bool) if kind == "sim" else None, refresh, N, depth, tree)
         g.stg.commit()

@@ -1,10 +1,19 @@
 """The draft-KV refresh: the draft's own KV cache never goes stale.
 
-Every step, the pair (hidden_p, token_{p+1}) of every newly committed position p is written
-to draft slot p+1, for every request, speculating or not (EAGLE-3: hidden_p = the head's
-projection of the target's aux features at p). For a speculating request the pairs of its
-accepted drafts are known only on the device, after verification: its entries name a draft
-depth, and the device resolves row, token and validity from the verifier's path and count.
+Every step, the pair (hidden_p, token_{p+1}) of every position p a refreshing request's rows
+cover is written to draft slot p+1 (EAGLE-3: hidden_p = the head's projection of the target's
+aux features at p). A request refreshes when it may speculate in the step
+(`ScheduledRequest.refresh`); one that may not gets no entry at all, and its rows of a later
+step re-run the positions it missed (catch-up rows, see scheduler.py). For a speculating
+request the pairs of its accepted drafts are known only on the device, after verification:
+its entries name a draft depth, and the device resolves row, token and validity from the
+verifier's path and count. A pair whose token is still on the device (the last token of a
+request whose previous step is in flight, one row before its last) is filled there
+(`fill_at`/`fill_from`, before the forward, as the forward's own input ids are).
+
+A post CUDA graph replays a fixed layout (1 + D entries per request): there a request that
+does not refresh gets entries that write nothing, and a step in which no request refreshes
+replays a post graph without the refresh (runner: `post_graph(..., refresh=False)`).
 
 `refresh_entries` lays the entries out on the host, `stage_refresh` stages them (one field
 per array), `DraftRefresh.run` writes the draft KV and each request's last draft hidden.
@@ -39,6 +48,8 @@ class RefreshEntries:
     q_lens: list            # entries per request
     moved: list             # entries of requests whose previous step is in flight
     moved_rows: list
+    fill_at: list           # entries whose token is still on the device ...
+    fill_from: list         # ... and the device row whose last token it is
 
 
 @dataclass
@@ -54,17 +65,31 @@ class RefreshBatch:
 
 def refresh_entries(sched, lay, D: int | None, pad: int, N: int, pad_row: int, block_size: int
                     ) -> RefreshEntries | None:
-    """Entries of the step's pairs. A speculating request has one entry per accepted draft up
-    to its own depth, or up to D when D is given (a post graph's fixed layout; entries past the
-    accepted length write nothing); `pad` padding requests (of a graph batch, q = N rows each)
-    add entries that write nothing."""
+    """Entries of the step's pairs, for the requests that refresh. A speculating request has
+    one entry per accepted draft up to its own depth, or up to D when D is given (a post
+    graph's fixed layout: entries past the accepted length write nothing, and a request that
+    does not refresh gets 1 + D entries that write nothing, its `last` into the pad row);
+    `pad` padding requests (of a graph batch, q = N rows each) add entries that write nothing.
+    None when nothing is refreshed."""
+    if sched and not any(s.refresh for s in sched):
+        return None
     cols = [[] for _ in ENTRY_FIELDS]
     base, dsel, vreq, emj, htok, dpos, dslot = cols
-    last, lastadd, q_lens, moved, moved_rows = [], [], [], [], []
+    last, lastadd, q_lens, moved, moved_rows, rows = [], [], [], [], [], []
+    fill_at, fill_from = [], []
     bs = block_size
     for s, L in zip(sched, lay):
-        r, c = s.req, s.req.num_computed
-        n, blocks, toks = r.num_tokens, r.block_ids, r.all_token_ids
+        r = s.req
+        if not s.refresh:
+            if D is not None:   # a post graph's layout: write nothing (row `vi` of a 1-row request)
+                for _ in range(1 + D):
+                    for col, v in zip(cols, (L.row0, 0, max(L.vi, 0), -1, 0, 0, -1)):
+                        col.append(v)
+                last.append(len(base) - 1)
+                lastadd.append(-1)
+                rows.append(pad_row)
+            continue
+        c, n, blocks, toks = s.start, r.num_tokens, r.block_ids, r.all_token_ids
         vi = max(L.vi, 0)
         first = len(base)
         for j in range(L.n_new):
@@ -74,7 +99,12 @@ def refresh_entries(sched, lay, D: int | None, pad: int, N: int, pad_row: int, b
             dsel.append(0)
             vreq.append(vi)
             emj.append(-1 if known else 0)
-            htok.append(toks[p + 1] if known else 0)
+            if p + 1 < len(toks) or not known:
+                htok.append(toks[p + 1] if known else 0)
+            else:   # the token of the request's last row, still on the device
+                htok.append(0)
+                fill_at.append(len(base) - 1)
+                fill_from.append(r.row)
             dpos.append(p)
             dslot.append(blocks[(p + 1) // bs] * bs + (p + 1) % bs)
         if L.pad:   # the pairs of accepted drafts
@@ -94,10 +124,10 @@ def refresh_entries(sched, lay, D: int | None, pad: int, N: int, pad_row: int, b
             last.append(len(base) - 1)
             lastadd.append(-1)
         q_lens.append(len(base) - first)
+        rows.append(r.row)
         if r.pending:
             moved.extend(range(first, len(base)))
             moved_rows.extend([r.row] * (len(base) - first))
-    rows = [s.req.row for s in sched]
     for e in range(pad):   # write nothing; `last` lands in the padding's own row
         vi = len(sched) + e
         for _ in range(1 + (D or 0)):
@@ -110,7 +140,7 @@ def refresh_entries(sched, lay, D: int | None, pad: int, N: int, pad_row: int, b
         return None
     arr = [np.asarray(c, dtype=np.int64) for c in cols]
     return RefreshEntries(*arr, last=np.array([last, lastadd], dtype=np.int64), rows=rows, q_lens=q_lens,
-                          moved=moved, moved_rows=moved_rows)
+                          moved=moved, moved_rows=moved_rows, fill_at=fill_at, fill_from=fill_from)
 
 
 def stage_refresh(stg: Staging, e: RefreshEntries) -> RefreshBatch:

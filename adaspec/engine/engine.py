@@ -264,7 +264,7 @@ class Engine:
         self.draft_len_histogram[draft_len] += 1
         self.counters["num_steps"] += 1
         depth = max(drafted) + 1 if drafted else 0
-        prefill = sum(s.num_new_tokens for s in plan.scheduled if s.num_new_tokens > 1)
+        prefill = sum(s.num_rows for s in plan.scheduled if s.num_rows > 1)   # catch-up rows too
         self.scheduler.pacer.observe(elapsed, prefill)
         self.policy.observe(StepFeedback(
             batch_size=len(plan.scheduled), num_tokens=plan.num_tokens, draft_len=draft_len, step_time=elapsed,

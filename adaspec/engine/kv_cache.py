@@ -7,6 +7,13 @@ tensors themselves live in the runner. A block is a run of `block_size` consecut
 Prefix caching: a block whose positions all hold committed KV is registered under a hash
 chained over every token up to its end (parent hash + its own tokens). Freed blocks keep
 their registration and stay evictable in LRU order until reused, so `num_free` counts them.
+
+Draft KV in cached blocks: the draft pair at position p lives at slot p + 1, so a block's draft
+KV depends only on the tokens of that block and those before it, like its target KV. But a
+request that did not speculate did not write its draft KV (scheduler.py), so a registered
+block is also flagged `draft_ok` once its writer's draft covers it (`commit`), and a request
+that matches a prefix gets `draft_valid_len` from the leading flagged blocks only; the rest
+of its draft is caught up like any other missed positions.
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ class KVCacheManager:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_key: list[tuple | None] = [None] * num_blocks  # (parent hash, tokens): guards collisions
         self.cached: dict[int, int] = {}  # hash -> block id
+        self.draft_ok = [False] * num_blocks   # registered, with the draft KV of its slots written
         # Free blocks in eviction order: front is reused first. Unregistered blocks go to the
         # front (nothing to lose), registered ones to the back (most recently used last).
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
@@ -71,6 +79,7 @@ class KVCacheManager:
         req.block_ids = []
         req.table_synced = 0
         req.num_hashed_blocks = 0
+        req.num_draft_blocks = 0
         req.block_hashes = []
 
     def _release(self, blocks) -> None:
@@ -96,7 +105,9 @@ class KVCacheManager:
 
     def match_prefix(self, req: Request) -> int:
         """Attach cached blocks for the longest cached prefix of `req`'s tokens, leaving at
-        least one token to compute. Returns the number of tokens covered."""
+        least one token to compute. Returns the number of tokens covered; sets
+        `req.draft_valid_len` from the leading blocks whose draft KV is complete (pairs whose
+        slots lie in them: k such blocks hold pairs 0 .. k * block_size - 2)."""
         if not self.enable_prefix_caching or req.block_ids:
             return 0
         max_blocks = (req.num_tokens - 1) // self.block_size
@@ -113,18 +124,30 @@ class KVCacheManager:
             req.block_ids.append(b)
             req.block_hashes.append(h)
         req.num_hashed_blocks = len(hits)
+        ok = next((i for i, (b, _) in enumerate(hits) if not self.draft_ok[b]), len(hits))
+        req.num_draft_blocks = ok
+        req.draft_valid_len = ok * self.block_size - 1 if ok else 0
         self.prefix_hit_tokens += len(hits) * self.block_size
         return len(hits) * self.block_size
 
     def commit(self, req: Request) -> None:
         """Register `req`'s blocks that are full of computed (or launched) KV and whose tokens
-        are known on the host. A request that matches them later reads their KV in a later step,
-        which the device runs after the step writing it."""
+        are known on the host, and flag those whose draft KV `req.draft_valid_len` covers. A
+        request that matches them later reads their KV in a later step, which the device runs
+        after the step writing it."""
         if not self.enable_prefix_caching:
             return
         full = min(req.num_computed, len(req.all_token_ids)) // self.block_size
-        if full <= req.num_hashed_blocks:
-            return
+        if full > req.num_hashed_blocks:
+            self._register(req, full)
+        ok = min((req.draft_valid_len + 1) // self.block_size, req.num_hashed_blocks)
+        for i in range(req.num_draft_blocks, ok):
+            b = req.block_ids[i]
+            if self.block_hash[b] is not None:
+                self.draft_ok[b] = True
+        req.num_draft_blocks = max(req.num_draft_blocks, ok)
+
+    def _register(self, req: Request, full: int) -> None:
         parent = req.block_hashes[-1] if req.block_hashes else None
         for i, (h, key) in enumerate(self._chain(req.all_token_ids, full, parent, req.num_hashed_blocks),
                                      start=req.num_hashed_blocks):
@@ -143,3 +166,4 @@ class KVCacheManager:
                 del self.cached[h]
             self.block_hash[block] = None
             self.block_key[block] = None
+            self.draft_ok[block] = False

@@ -16,9 +16,11 @@ PROFILE_PROMPT_LEN = 64
 
 
 def profile_step_times(engine, shapes: list[DraftShape | None], max_batch: int | None = None,
-                       repeats: int = 2) -> dict[tuple[int, int], float]:
+                       repeats: int = 2) -> dict:
     """{(batch size, depth): seconds} for batch sizes 1, 2, 4, ... up to what the scheduler
-    and the KV cache allow (and `max_batch`)."""
+    and the KV cache allow (and `max_batch`), and "catchup_token": the seconds a row of a
+    prompt chunk costs (what a draft catch-up row costs: the target over a missed position),
+    from the second run of the first prefill chunk."""
     runner, kv = engine.runner, engine.kv
     spec_slots = max((s.spec_slots for s in shapes if s), default=0)
     # Room for the step's own draft and, with overlap, for a step in flight that may shift it
@@ -52,16 +54,20 @@ def profile_step_times(engine, shapes: list[DraftShape | None], max_batch: int |
         # Prefill in chunks that respect the step budget, then one "emitted" token: on the host,
         # or (overlap) still on the device, as a step planned before its predecessor was read.
         chunk = max(1, engine.config.scheduler.max_num_batched_tokens // PROFILE_PROMPT_LEN)
+        out = {}
         for k in range(0, len(reqs), chunk):
             part = reqs[k:k + chunk]
-            runner.execute(StepPlan([ScheduledRequest(r, PROFILE_PROMPT_LEN) for r in part]))
+            plan = StepPlan([ScheduledRequest(r, PROFILE_PROMPT_LEN) for r in part])
+            runner.execute(plan)
+            if k == 0:   # again, warm: the same KV written again (state is not committed)
+                runner.execute(plan)
+                out["catchup_token"] = runner.last_step_time / (PROFILE_PROMPT_LEN * len(part))
             for r in part:
                 r.num_computed = PROFILE_PROMPT_LEN
                 if in_flight:
                     r.pending = 1
                 else:
                     r.all_token_ids.append(int(torch.randint(0, vocab, (1,), generator=g)))
-        out = {}
         for b in sizes:
             for depth, shape in enumerate(shapes):
                 plan = StepPlan([ScheduledRequest(r, 1, shape) for r in reqs[:b]])

@@ -4,8 +4,13 @@ Token bookkeeping, the invariant everything else relies on:
   all_token_ids = prompt + generated, length n.
   num_computed  = positions whose target KV is in the cache; between steps it is n - 1
                   (the last emitted token is fed on the next step) except while prefilling.
-  The draft head's KV for the pair (hidden_p, token_{p+1}) lives at draft slot p + 1, so
-  after a step the draft cache covers slots 1..num_computed (see spec_decode/drafter.py).
+  The draft head's KV for the pair (hidden_p, token_{p+1}) lives at draft slot p + 1 (see
+  spec_decode/drafter.py).
+  draft_valid_len = pairs 0..draft_valid_len-1 are in the draft cache (and the request's
+                  device draft hidden is that of the last of them). A step refreshes the draft
+                  only for requests that may speculate in it; a request that does not falls
+                  behind (draft_valid_len < num_computed) and is caught up, from the target's
+                  recomputed hidden states, before it drafts again (scheduler.py).
 
 Overlap (CPU work of step N+1 while the GPU runs step N): when a step is launched the
 scheduler advances `num_computed` at once, and a request that samples in it owes one token
@@ -131,8 +136,9 @@ class Request:
         self.num_computed = 0
         self.block_ids: list[int] = []
         self.num_cached_tokens = 0      # prompt tokens served by the prefix cache (last admission)
-        self.no_kv_write_below = 0      # positions < this already have target KV in shared blocks
+        self.draft_valid_len = 0        # leading pairs (hidden_p, token_{p+1}) in the draft cache
         self.num_hashed_blocks = 0      # leading blocks registered in the prefix cache
+        self.num_draft_blocks = 0       # ... of those, flagged as holding complete draft KV
         self.block_hashes: list[int] = []
         self.finish_reason: str | None = None
         self.error: str | None = None
@@ -178,4 +184,5 @@ class Request:
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, n={self.num_tokens}, computed={self.num_computed}, "
+                f"draft_valid={self.draft_valid_len}, "
                 f"blocks={len(self.block_ids)}, {self.status.value})")

@@ -10,8 +10,8 @@ One step (`launch` enqueues it, `collect` waits for it):
   3. target  one forward over prefill chunks, decodes and drafts (a CUDA graph when the batch
              is uniform: every request has the same number of query rows)
   4. verify  the LM head on the verify rows, the target's choices, verification; accepted tree
-             KV moved into place, the draft KV refreshed for every request (`verify_step`,
-             `draft_refresh`; one "post" CUDA graph after a target graph)
+             KV moved into place, the draft KV refreshed for every request that may speculate
+             (`verify_step`, `draft_refresh`; one "post" CUDA graph after a target graph)
   5. read    ONE device->host copy of the emitted tokens, queued; `collect` waits for it
 
 Between `launch` and `collect` the engine plans and launches the next step (overlap): a
@@ -356,12 +356,15 @@ class ModelRunner:
         # Everything after the forward replays as one graph when the forward does, every
         # request is a decoder that samples, and every row is plain: greedy, no logprobs, no
         # penalties, no grammar (its mask is built on the host during the step).
+        # A step in which no request refreshes its draft replays a post graph without the
+        # refresh: requests that do not speculate cost what they cost without a draft head.
         grammars = [sched[i].req.grammar for i in lay.verify]
         post = None
         plain = all(p.greedy and p.logprobs is None and not p.penalized for p in params) \
             and all(g is None for g in grammars)
         if graph is not None and len(lay.verify) == len(sched) and all(L.n_new == 1 for L in lay.reqs) and plain:
-            post = self.graphs.post_graph(graph, D, "sim" if sim is not None else "greedy")
+            post = self.graphs.post_graph(graph, D, "sim" if sim is not None else "greedy",
+                                          refresh=self.draft is not None and any(s.refresh for s in sched))
         if extra:  # padding requests of the captured batch size: no keys, no KV writes
             fi.pad(extra, fi.q_lens[0], lay.tree)
         stg = self.stg
@@ -394,6 +397,8 @@ class ModelRunner:
         upd = self.rows.table_updates([s.req for s in sched])
         upd_d = stg.add(upd, torch.int64) if upd is not None else None
         fill = stg.add([fi.fill_at, fi.fill_from], torch.int64) if fi.fill_at else None
+        rfill = stg.add([refresh.fill_at, refresh.fill_from], torch.int64) \
+            if refresh is not None and refresh.fill_at else None
         chain = self.chain.stage(stg, self.draft_stg, plan, lay, rows, self.graphs, shift_d, self.max_draft) \
             if lay.chain else None
         trees = self.trees.stage(stg, self.draft_stg, plan, lay, rows, fi.tree_offsets, self.graphs, shift_d,
@@ -404,7 +409,7 @@ class ModelRunner:
         prompt_lp = (plp, max(sched[i].req.params.prompt_logprobs for i, _, _, _ in plp)) if plp else None
         return lay, StepProgram(meta, ids_d, pos_d, graph, post, vb, bool(lay.verify), upd_d, fill, chain, trees,
                                 shifts, stg.offset, self.draft_stg.offset if (chain or trees) else 0, prompt_lp,
-                                grammar_step(grammars, vi.limit, N, lay.tree, lay.drafting))
+                                rfill, grammar_step(grammars, vi.limit, N, lay.tree, lay.drafting))
 
     def execute_program(self, p: StepProgram) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The device half of a step (every rank runs it on its own buffers); returns the
@@ -415,6 +420,8 @@ class ModelRunner:
         ids_d, pos_d, vb = p.ids, p.pos, p.vb
         if p.fill is not None:
             ids_d[p.fill.t[0]] = self.rows.last_token[p.fill.t[1]]
+        if p.rfill is not None:   # before this step's verification overwrites last_token
+            vb.refresh.fields["token"].t[p.rfill.t[0]] = self.rows.last_token[p.rfill.t[1]]
 
         # ---- draft (on the device) ----
         if p.chain is not None:

@@ -2,12 +2,29 @@
 
 `schedule()` returns a `StepPlan` (printable). Order of business each step:
   1. ask the speculation policy once for the step's draft shape  <- the one decision point
-  2. cap it per request (opt-out, max_draft_tokens, tokens left, context left)
-  3. reserve exactly the slots the plan needs (decode rows first, then prefill chunks of running
-     requests, then new ones), dropping a request's speculation, then preempting the newest
-     request, if blocks run out; prefill next to decode rows is bounded (`_prefill_budget`)
+  2. cap it per request (opt-out, max_draft_tokens, tokens left, context left); a request
+     whose cap is 0 gets no draft refresh either (nothing of the draft runs for it), and one
+     that may speculate but whose draft fell behind is caught up first (below)
+  3. reserve exactly the slots the plan needs (decode rows first, then prefill chunks and
+     catch-ups of running requests, then new ones), dropping a request's speculation, then
+     preempting the newest request, if blocks run out; prefill (catch-ups included) next to
+     decode rows is bounded (`_prefill_budget`)
 `postprocess()` appends emitted tokens, applies stop conditions, advances `num_computed`
 and rolls back the slots of rejected draft tokens.
+
+Speculation off at zero cost, and the catch-up. A request's draft KV covers its pairs
+0..draft_valid_len-1. A step refreshes it (`ScheduledRequest.refresh`) only when the request
+may speculate in it; otherwise the request falls behind. When it may speculate again, the
+step first schedules `catchup` rows over positions draft_valid_len.. (chunked within the
+token budget, like a prefill): the target runs over them again, writing no target KV (it is
+in place), and the draft refresh of those rows writes their draft KV from the recomputed
+aux features. The request drafts from the next step on. Recomputing, rather than keeping
+each missed position's aux features (k * target_hidden values a token, 24 KiB at an 8B
+shape in bf16, six times the draft KV itself) or the head's fc projection of them (which
+would keep the fc of every step running), costs no memory; the recomputed features are the
+target's at the same position over the same KV, so the draft KV equals what per-step refresh
+writes (exactly in exact arithmetic; within rounding where kernels order sums differently
+by batch shape). `auto` prices the catch-up (`decide(catchup_tokens=...)`).
 
 Liveness invariant: only running requests hold KV blocks. A waiting request that fails to
 reserve gives back the blocks prefix matching attached to it, and a preempted request gives
@@ -32,15 +49,33 @@ from adaspec.spec_decode.tree import DraftShape
 
 @dataclass
 class ScheduledRequest:
+    """One request's part of a step. Its target rows are positions start .. start+num_rows-1:
+    first `catchup` positions below num_computed (target KV in place, not rewritten: their
+    aux features feed the draft refresh), then `num_new_tokens` new ones (a catch-up that
+    does not finish this step schedules no new ones). Fields after `draft` are fixed when
+    planned: launching the step advances the request's counters."""
+
     req: Request
     num_new_tokens: int               # committed tokens fed to the target this step
     draft: DraftShape | None = None   # this request's draft budget (None = no speculation)
-    # True when the step reaches the end of the sequence, so a token is emitted (fixed when
-    # planned: launching the step advances the request's counters).
+    refresh: bool | None = None       # write the draft KV of its rows (None: when it drafts)
+    catchup: int = 0                  # rows re-run for the draft, from req.draft_valid_len
+    # True when the step reaches the end of the sequence, so a token is emitted.
     samples: bool = field(init=False)
+    start: int = field(init=False)    # position of its first row
+    write_from: int = field(init=False)   # rows at positions below write no target KV
 
     def __post_init__(self) -> None:
-        self.samples = self.req.num_computed + self.num_new_tokens == self.req.num_tokens
+        r = self.req
+        self.samples = r.num_computed + self.num_new_tokens == r.num_tokens
+        self.start = r.draft_valid_len if self.catchup else r.num_computed
+        self.write_from = r.num_computed
+        if self.refresh is None:
+            self.refresh = self.draft is not None
+
+    @property
+    def num_rows(self) -> int:
+        return self.catchup + self.num_new_tokens
 
 
 @dataclass
@@ -56,7 +91,7 @@ class StepPlan:
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_new_tokens + (s.draft.num_nodes if s.draft else 0) for s in self.scheduled)
+        return sum(s.num_rows + (s.draft.num_nodes if s.draft else 0) for s in self.scheduled)
 
     @property
     def draft_len(self) -> int:
@@ -68,7 +103,9 @@ class StepPlan:
         return any(s.draft is not None for s in self.scheduled)
 
     def __str__(self) -> str:
-        rows = [f"  {s.req.request_id}: +{s.num_new_tokens} tokens, draft={s.draft or 0}" for s in self.scheduled]
+        rows = [f"  {s.req.request_id}: +{s.num_new_tokens} tokens, draft={s.draft or 0}"
+                + (f", catch-up {s.catchup}" if s.catchup else "") + ("" if s.refresh else ", no refresh")
+                for s in self.scheduled]
         pre = f", preempted {[r.request_id for r in self.preempted]}" if self.preempted else ""
         return f"StepPlan(policy={self.policy_shape or 0}, batch={self.batch_size}{pre})\n" + "\n".join(rows)
 
@@ -127,15 +164,32 @@ class Scheduler:
         left = min(req.params.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens)
         return request_shape(shape, req.params.speculate, req.params.max_draft_tokens, left)
 
+    def catchup_tokens(self) -> int:
+        """Positions the draft would have to catch up on if every running request that may
+        speculate did so now (what resuming costs, for policies that price it)."""
+        shape = self.policy.configured
+        return sum(r.num_computed - r.draft_valid_len for r in self.running
+                   if r.draft_valid_len < r.num_computed and self.draft_budget(r, shape) is not None)
+
+    def may_refresh(self, req: Request, shape: DraftShape | None) -> bool:
+        """Whether `req` may speculate in a step of `shape` (its draft length is not 0), so
+        its draft is refreshed, or first caught up where it fell behind."""
+        return self.draft_sync and self.draft_budget(req, shape) is not None
+
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         budget = self.cfg.max_num_batched_tokens
         plan.batch_size = len(self.running) + min(len(self.waiting), max(0, self.cfg.max_num_seqs - len(self.running)))
-        plan.policy_shape = self.policy.decide(plan.batch_size) if self.draft_sync else None
+        if self.draft_sync and self.policy.prices_catchup:
+            plan.policy_shape = self.policy.decide(plan.batch_size, catchup_tokens=self.catchup_tokens())
+        elif self.draft_sync:
+            plan.policy_shape = self.policy.decide(plan.batch_size)
         # Decode rows first, then prefill chunks: a running stream is never starved by a long
         # prompt (prefill rows get what the decode rows leave, capped by `_prefill_budget`).
         # Among prefills the oldest comes first (it always progresses), then the shortest
         # remaining (a short prompt is not queued behind long ones); see `_prefill_budget`.
+        # A catch-up is prefill work (the target over missed positions): charged to the same
+        # bound, and it leaves a token of the budget to each request after it.
         age = {id(r): k for k, r in enumerate(self.running)}
         prefills = [r for r in self.running if r.num_tokens - r.num_computed > 1]
         prefills[1:] = sorted(prefills[1:], key=lambda r: r.num_tokens - r.num_computed)
@@ -148,15 +202,25 @@ class Scheduler:
                 i += 1          # its last token is in flight; nothing left to compute
                 continue
             left = req.num_tokens - req.num_computed
-            decoding = left == 1
-            if not decoding and prefill is None:
+            refresh = self.may_refresh(req, plan.policy_shape)
+            behind = req.num_computed - req.draft_valid_len if refresh else 0
+            if (behind or left > 1) and prefill is None:
                 prefill = self._prefill_budget(plan, budget, reserve_for_new=True)
-            if not decoding and prefill <= 0:
+            catchup = min(behind, prefill, budget - (len(todo) - i - 1)) if behind else 0
+            if behind and catchup <= 0:   # no room this step: it runs without its draft
+                refresh, behind, catchup = False, 0, 0
+            decoding = left == 1 and not behind
+            if left > 1 and not catchup and prefill <= 0:
                 break
-            num_new = min(left, budget) if decoding else min(left, budget, prefill)
-            if not decoding and req is prefills[0] and len(prefills) > 1:
-                num_new = min(num_new, max(1, prefill // 2))   # half for the others
-            draft = self.draft_budget(req, plan.policy_shape) if decoding else None
+            if catchup < behind:
+                num_new = 0           # the catch-up goes on next step
+            elif left == 1:
+                num_new = 1
+            else:
+                num_new = min(left, budget - catchup, prefill - catchup)
+                if req is prefills[0] and len(prefills) > 1:
+                    num_new = min(num_new, max(1, prefill // 2))   # half for the others
+            draft = self.draft_budget(req, plan.policy_shape) if decoding and refresh else None
             if draft is not None and num_new + draft.num_nodes > budget:
                 draft = draft.capped(0)
             while True:
@@ -179,11 +243,11 @@ class Scheduler:
                     break
             if req is None:
                 continue        # todo[i] is now the next request
-            plan.scheduled.append(ScheduledRequest(req, num_new, draft))
+            plan.scheduled.append(ScheduledRequest(req, num_new, draft, refresh, catchup))
             req.in_flight += 1
-            budget -= num_new + (draft.num_nodes if draft else 0)
+            budget -= catchup + num_new + (draft.num_nodes if draft else 0)
             if not decoding:
-                prefill -= num_new
+                prefill -= catchup + (num_new if left > 1 else 0)
             i += 1
         # New requests, oldest first, while budget, sequence slots and blocks allow.
         prefill = self._prefill_budget(plan, budget, reserve_for_new=False) if prefill is None else \
@@ -194,7 +258,10 @@ class Scheduler:
                 if self._twin_prefilling(req, plan):
                     break   # next step it shares the twin's prompt KV through the prefix cache
                 self._match_prefix(req)
-            num_new = min(req.num_tokens - req.num_computed, prefill)
+            refresh = self.may_refresh(req, plan.policy_shape)
+            behind = req.num_computed - req.draft_valid_len if refresh else 0
+            catchup = min(behind, prefill)
+            num_new = min(req.num_tokens - req.num_computed, prefill - catchup) if catchup == behind else 0
             if not self.kv.reserve(req, req.num_computed + num_new + self.extra_slot):
                 # Give back the prefix-cache blocks just attached: a waiting request that kept
                 # them would pin blocks no one can use, and with preempted requests queued in
@@ -209,9 +276,9 @@ class Scheduler:
             if req.first_scheduled is None:
                 req.first_scheduled = time.monotonic()
             self.running.append(req)
-            plan.scheduled.append(ScheduledRequest(req, num_new, None))
+            plan.scheduled.append(ScheduledRequest(req, num_new, None, refresh, catchup))
             req.in_flight += 1
-            prefill -= num_new
+            prefill -= catchup + num_new
         return plan
 
     def _prefill_budget(self, plan: StepPlan, budget: int, reserve_for_new: bool) -> int:
@@ -243,14 +310,14 @@ class Scheduler:
         return req.num_output_tokens >= req.params.max_tokens or req.num_tokens >= self.max_model_len
 
     def _match_prefix(self, req: Request) -> None:
+        # The target KV of the cached blocks is in place; their draft KV only where it was
+        # written (`match_prefix` sets draft_valid_len). A request that speculates catches
+        # its draft up from there: at least the last cached position, whose hidden state
+        # pairs with the first uncached token, is run again (writing no target KV).
         # Prompt logprobs need the logits of every prompt position: computed, not cached.
         cached = self.kv.match_prefix(req) if req.params.prompt_logprobs is None else 0
         req.num_cached_tokens = cached
-        # The draft head needs the target's hidden state at the last cached position (it
-        # pairs with the first uncached token), so recompute that one token without
-        # rewriting its KV in the shared block.
-        req.num_computed = cached - 1 if (cached and self.draft_sync) else cached
-        req.no_kv_write_below = cached
+        req.num_computed = cached
 
     def _unmatch(self, req: Request) -> None:
         """Undo `_match_prefix` of a request that stays waiting (its blocks stay cached)."""
@@ -258,12 +325,14 @@ class Scheduler:
         self.kv.prefix_hit_tokens -= req.num_cached_tokens
         req.num_cached_tokens = 0
         req.num_computed = 0
-        req.no_kv_write_below = 0
+        req.draft_valid_len = 0
 
     def check_invariants(self) -> None:
         """Assert the block accounting the liveness argument rests on (tests call this)."""
         assert all(not r.block_ids and r.num_computed == 0 for r in self.waiting), \
             f"waiting requests hold KV: {[r for r in self.waiting if r.block_ids]}"
+        assert all(0 <= r.draft_valid_len <= r.num_computed for r in self.running), \
+            f"draft ahead of the target: {[r for r in self.running if r.draft_valid_len > r.num_computed]}"
         held = [0] * self.kv.num_blocks
         for r in self.running:
             for b in r.block_ids:
@@ -285,8 +354,7 @@ class Scheduler:
         self.running.remove(req)
         self.kv.free_request(req)
         req.num_computed = 0
-        req.no_kv_write_below = 0
-        req.draft_hidden = None
+        req.draft_valid_len = 0
         req.status = Status.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -302,9 +370,11 @@ class Scheduler:
         for s in plan.scheduled:
             req = s.req
             req.num_computed += s.num_new_tokens
+            if s.refresh:   # its accepted drafts are added when the step is applied
+                req.draft_valid_len = s.start + s.num_rows
             req.pending += s.samples
             req.spec_ahead = s.draft.num_steps if s.draft is not None else 0
-            if s.num_new_tokens > 1:   # prompt blocks become matchable before the step's results
+            if s.num_rows > 1:   # prompt blocks become matchable before the step's results
                 self.kv.commit(req)
 
     def postprocess(self, plan: StepPlan, results: list[StepResult]) -> list[Request]:
@@ -323,6 +393,8 @@ class Scheduler:
             preempted = req.status == Status.WAITING   # preempted while the step ran: its
             if not preempted:                          # token is valid, its KV is gone
                 req.num_computed += res.num_accepted
+                if s.refresh:   # the refresh wrote the accepted drafts' pairs too
+                    req.draft_valid_len += res.num_accepted
             if s.draft is not None:
                 req.spec_stats.record(res.tree_depth, res.tree_nodes, res.num_accepted)
             if res.prompt_logprobs is not None:   # by position: a recomputed prompt rewrites its own

@@ -4,7 +4,8 @@ per request. Pure host code over the plan; `stage_forward_inputs` puts it in the
 staging buffer. CUDA-graph capture builds its dummy batches with the same functions
 (`ForwardInputs.padding`), so a replayed graph reads the addresses a step fills.
 
-Row layout: request i owns `n_new` committed rows; in a speculative step every decoding
+Row layout: request i owns `n_new` committed rows (catch-up rows first, see
+scheduler.ScheduledRequest: positions below `write_from` write no target KV); in a speculative step every decoding
 request also owns N-1 draft rows (N = the step's tree size), padded when its own budget is
 smaller (padding rows write no KV and are never accepted), so decode and verify batches
 stay uniform and graph-friendly.
@@ -26,7 +27,7 @@ class RequestLayout:
     """One scheduled request's rows in the target forward."""
 
     row0: int          # first query row
-    n_new: int         # committed rows
+    n_new: int         # committed rows (catch-up rows included)
     pad: int           # draft rows (N - 1 when the request is verified, else 0)
     depth: int         # its own draft depth (0 = not speculating)
     nodes: int         # its own draft nodes
@@ -70,13 +71,13 @@ def layout_step(plan: StepPlan, prev_speculative: bool) -> StepLayout:
     reqs: list[RequestLayout] = []
     t = nv = 0
     for s in sched:
-        decoding = s.samples and s.num_new_tokens == 1
+        decoding = s.samples and s.num_rows == 1
         pad = N - 1 if (decoding and spec) else 0
         d = s.draft   # a tree's depth is known on the device only: its budget bounds it
-        reqs.append(RequestLayout(t, s.num_new_tokens, pad, d.num_steps if d is not None else 0,
+        reqs.append(RequestLayout(t, s.num_rows, pad, d.num_steps if d is not None else 0,
                                   d.num_nodes if d is not None else 0, nv if s.samples else -1))
         nv += s.samples
-        t += s.num_new_tokens + pad
+        t += s.num_rows + pad
     # Requests whose previous step is in flight and may have emitted more than one token:
     # their positions are corrected on the device (device.shift.Shift).
     shifted = [i for i, s in enumerate(sched) if s.req.pending] if prev_speculative else []
@@ -130,25 +131,24 @@ def forward_inputs(plan: StepPlan, lay: StepLayout, rows: list[int], block_size:
     N, tree, bs = lay.N, lay.tree, block_size
     moffset = 0
     for i, (s, L) in enumerate(zip(plan.scheduled, lay.reqs)):
-        r, c, nn = s.req, s.req.num_computed, L.n_new
-        blocks = r.block_ids
+        r, c, nn, wf = s.req, s.start, L.n_new, s.write_from
+        blocks, toks = r.block_ids, r.all_token_ids
         if nn == 1:
-            if c < len(r.all_token_ids):
-                ids.append(r.all_token_ids[c])
-            else:
-                ids.append(0)
-                fi.fill_at.append(L.row0)
-                fi.fill_from.append(rows[i])
+            ids.append(toks[c] if c < len(toks) else 0)
             pos.append(c)
             cidx.append(c)
-            slots.append(blocks[c // bs] * bs + c % bs if c >= r.no_kv_write_below else -1)
+            slots.append(blocks[c // bs] * bs + c % bs if c >= wf else -1)
         else:
-            ids.extend(r.all_token_ids[c:c + nn])
+            ids.extend(toks[c:c + nn])
             rng = range(c, c + nn)
             pos.extend(rng)
             cidx.extend(rng)
-            nkw = r.no_kv_write_below
-            slots.extend(blocks[p // bs] * bs + p % bs if p >= nkw else -1 for p in rng)
+            slots.extend(blocks[p // bs] * bs + p % bs if p >= wf else -1 for p in rng)
+        if c + nn > len(toks):   # its last token is still on the device (overlap): filled there
+            if nn > 1:
+                ids.append(0)
+            fi.fill_at.append(L.row0 + nn - 1)
+            fi.fill_from.append(rows[i])
         fi.q_lens.append(nn + L.pad)
         if L.pad == 0:
             fi.ctx.append(c + nn)

@@ -38,6 +38,7 @@ class StepProgram:
     nbytes: int             # bytes staged in the step's buffer
     draft_nbytes: int       # ... and in the drafters' buffer (0: not used this step)
     prompt_lp: tuple | None = None   # (prompt logprob rows, top-k) of the step, or None
+    rfill: object = None    # staged (refresh entries, device rows) whose pair token is still on the device
     grammar: object = None           # grammar_step.GrammarStep (rank 0 only: no grammar under TP), or None
 
 

@@ -2,6 +2,9 @@
 
 Once per step, before any KV slot is reserved, the scheduler calls
 `policy.decide(batch_size)` and gets the draft shape for the step (None = no speculation).
+A policy with `prices_catchup` is also told how many positions the draft would have to catch
+up on to speculate now (`catchup_tokens`: requests that did not speculate got no draft
+refresh, see engine/scheduler.py), the price of resuming.
 The scheduler then applies per-request caps (`request_shape`: opt-out, `max_draft_tokens`,
 tokens left) and reserves exactly what the resulting plan says. After the step the engine reports what
 happened through `policy.observe(feedback)`, which is how `auto` learns.
@@ -37,6 +40,7 @@ class SpeculationPolicy(abc.ABC):
     """Base: subclasses implement `decide`. `shapes` are the candidates, shortest first."""
 
     name = "base"
+    prices_catchup = False   # True: `decide` wants `catchup_tokens` (the scheduler counts them)
 
     def __init__(self, cfg: SpecConfig):
         self.cfg = cfg
@@ -48,8 +52,10 @@ class SpeculationPolicy(abc.ABC):
         return DraftShape(cfg.num_steps, cfg.topk, cfg.resolved_num_draft_tokens)
 
     @abc.abstractmethod
-    def decide(self, batch_size: int) -> DraftShape | None:
-        """The step's draft shape for a batch of `batch_size` running requests (None: don't)."""
+    def decide(self, batch_size: int, catchup_tokens: int = 0) -> DraftShape | None:
+        """The step's draft shape for a batch of `batch_size` running requests (None: don't).
+        `catchup_tokens`: draft positions to catch up on before speculating (only given to
+        policies with `prices_catchup`)."""
 
     def observe(self, fb: StepFeedback) -> None:
         """Default: nothing to learn."""
@@ -61,14 +67,14 @@ class SpeculationPolicy(abc.ABC):
 class OffPolicy(SpeculationPolicy):
     name = "off"
 
-    def decide(self, batch_size: int) -> DraftShape | None:
+    def decide(self, batch_size: int, catchup_tokens: int = 0) -> DraftShape | None:
         return None
 
 
 class AlwaysPolicy(SpeculationPolicy):
     name = "always"
 
-    def decide(self, batch_size: int) -> DraftShape | None:
+    def decide(self, batch_size: int, catchup_tokens: int = 0) -> DraftShape | None:
         return self.configured
 
 
@@ -85,7 +91,7 @@ class ThresholdPolicy(SpeculationPolicy):
         self.resume_at = max(0, self.limit - h)
         self.on = True
 
-    def decide(self, batch_size: int) -> DraftShape | None:
+    def decide(self, batch_size: int, catchup_tokens: int = 0) -> DraftShape | None:
         if self.on and batch_size > self.limit:
             self.on = False
         elif not self.on and batch_size <= self.resume_at:
@@ -110,6 +116,13 @@ class AutoPolicy(SpeculationPolicy):
                 pace), and a mean then priced the depth in use out against depths timed
                 earlier, so the choice flapped. Costs that really grow (longer contexts)
                 still show within a window.
+    Resuming: while off, requests get no draft refresh, so speculating again first costs a
+    catch-up, a target forward over every missed position (`catchup_tokens` of them, each
+    priced at `token_time`: measured on steps that ran prompt or catch-up rows, seeded by the
+    start-up profile). That cost is spread over `resume_horizon` steps and added to the
+    step time of every depth > 0 while it is owed: the longer the policy was off (and the
+    longer the contexts), the more a depth must win by to resume, so it does not flap
+    between 0 and K when catching up is expensive.
     Stability: the current choice is kept unless another beats it by `margin`. Once every
     `probe_every` steps it runs one level deeper than its choice (from off: depth 1), and
     only when that level could win at this batch size if its extra token were always
@@ -118,10 +131,11 @@ class AutoPolicy(SpeculationPolicy):
 
     name = "auto"
     LOG_EVERY_S = 1.0
+    prices_catchup = True
     BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
     def __init__(self, cfg: SpecConfig, margin: float = 0.05, ema: float = 0.15, probe_every: int = 100,
-                 prior_rate: float = 0.6, window: int = 48):
+                 prior_rate: float = 0.6, window: int = 48, resume_horizon: int = 32):
         super().__init__(cfg)
         self.max_depth = self.configured.num_steps
         self.shapes: list[DraftShape | None] = [None] + [self.configured.capped(d) for d in range(1, self.max_depth + 1)]
@@ -136,6 +150,11 @@ class AutoPolicy(SpeculationPolicy):
         self.last_goodputs: dict[int, float] = {}
         self.probes: set[int] = set()   # depths of probe steps decided, not yet observed
         self._last_log, self._unlogged = -float("inf"), 0   # see _log_change
+        self.resume_horizon = resume_horizon
+        self.token_samples: deque = deque(maxlen=window)   # seconds per prompt / catch-up row
+        self.profiled_token_time: float | None = None
+        self.catchup_tokens = 0
+        self.resuming = 0   # steps left of a probe from off still catching up (see decide)
 
     # ---- estimates ------------------------------------------------------------------------
     def bucket(self, b: int) -> int:
@@ -171,10 +190,32 @@ class AutoPolicy(SpeculationPolicy):
     def tau(self, depth: int) -> float:
         return 1.0 + sum(self.rate_estimates()[:depth])
 
+    @property
+    def token_time(self) -> float:
+        """Seconds a catch-up row adds to a step: the median of recent measurements, else the
+        profile's, else a decode row's share of the largest timed decode batch."""
+        if self.token_samples:
+            return float(sorted(self.token_samples)[len(self.token_samples) // 2])
+        if self.profiled_token_time is not None:
+            return self.profiled_token_time
+        pts = [(self.BUCKETS[k], t) for (d, k), t in self.times.items() if d == 0]
+        if not pts:
+            return 0.0
+        b, t = max(pts)
+        return t / b
+
+    def resume_cost(self) -> float:
+        """Seconds per step that speculating now owes for the catch-up (spread over
+        `resume_horizon` steps)."""
+        return self.catchup_tokens * self.token_time / self.resume_horizon if self.catchup_tokens else 0.0
+
     def goodputs(self, b: int) -> dict[int, float]:
         out, floor = {}, 0.0
+        owed = self.resume_cost()
         for d in range(self.max_depth + 1):
             t = self.step_time(b, d)
+            if t is not None and d > 0:
+                t += owed
             if t is not None and t > 0:
                 # Deeper drafts do strictly more work: never believe a noisy table that says
                 # they are cheaper than a shallower one.
@@ -183,7 +224,14 @@ class AutoPolicy(SpeculationPolicy):
         return out
 
     # ---- decision -------------------------------------------------------------------------
-    def decide(self, batch_size: int) -> DraftShape | None:
+    def decide(self, batch_size: int, catchup_tokens: int = 0) -> DraftShape | None:
+        self.catchup_tokens = catchup_tokens
+        if self.resuming:
+            # A probe from off first catches the drafts up (a step that drafts nothing): it
+            # lasts until a step drafts, else its acceptance would never be measured.
+            self.resuming = self.resuming - 1 if catchup_tokens else 0
+            self.probes.add(1)
+            return self.shapes[1]
         g = self.goodputs(max(1, batch_size))
         self.last_goodputs = g
         if not g:
@@ -201,6 +249,8 @@ class AutoPolicy(SpeculationPolicy):
                 and self._could_win(batch_size, self.depth)):
             self.steps_since_spec = 0
             self.probes.add(self.depth + 1)
+            if self.depth == 0 and catchup_tokens:
+                self.resuming = 4   # chunked catch-ups included
             return self.shapes[self.depth + 1]
         return self.shapes[self.depth]
 
@@ -215,6 +265,8 @@ class AutoPolicy(SpeculationPolicy):
         step_ms = {d: round(1e3 * t, 3) for d in range(self.max_depth + 1)
                    if (t := self.step_time(max(1, b), d)) is not None}
         more = f" ({self._unlogged} more changes since the last line)" if self._unlogged else ""
+        if self.catchup_tokens:
+            more += f", a catch-up of {self.catchup_tokens} positions owed"
         logger.info("auto: draft length %d -> %d at batch size %d: expected tokens/s by draft length %s, "
                     "acceptance length %s, step ms %s%s", old, new, b,
                     {d: round(v, 1) for d, v in g.items()},
@@ -230,6 +282,9 @@ class AutoPolicy(SpeculationPolicy):
             return True
         if t0 is None:
             return False
+        t1 += self.resume_cost()   # (owed by every depth > 0; 0 once speculating)
+        if depth:
+            t0 += self.resume_cost()
         reach = self.rate_estimates()[depth - 1] if depth else 1.0   # chance of reaching it
         return (self.tau(depth) + reach) / t1 > self.tau(depth) / t0
 
@@ -244,6 +299,10 @@ class AutoPolicy(SpeculationPolicy):
         # only fills a cost-table entry that is still empty.
         if fb.num_prefill_tokens == 0 and fb.batch_size > 0 and not (probe and key in self.times):
             self._sample(key, fb.step_time)
+        elif fb.num_prefill_tokens > 0:   # what its prompt / catch-up rows added to the step
+            decode = self.step_time(max(1, fb.batch_size), depth)
+            if decode is not None:
+                self.token_samples.append(max(0.0, fb.step_time - decode) / fb.num_prefill_tokens)
         prior = self.rate_estimates()
         for i, (a, n) in enumerate(zip(fb.accepted_per_position, fb.drafted_per_position)):
             if n:
@@ -263,7 +322,8 @@ class AutoPolicy(SpeculationPolicy):
         cost: dict[str, dict[int, float]] = {}
         for (d, k), t in sorted(self.times.items()):
             cost.setdefault(str(d), {})[self.BUCKETS[k]] = round(t * 1e3, 3)
-        return {**super().describe(), "depth": self.depth,
+        return {**super().describe(), "depth": self.depth, "catchup_tokens": self.catchup_tokens,
+                "catchup_token_us": round(self.token_time * 1e6, 3),
                 "tau": [round(self.tau(d), 3) for d in range(self.max_depth + 1)],
                 "goodput": {d: round(v, 2) for d, v in self.last_goodputs.items()},
                 "step_ms": cost}   # the cost table: depth -> {batch bucket: ms}
@@ -271,10 +331,15 @@ class AutoPolicy(SpeculationPolicy):
     # ---- start-up profile -----------------------------------------------------------------
     def warm_up(self, profile) -> None:
         """`profile(shapes)` -> {(batch size, depth index): seconds}: measured step times that
-        seed the cost table before the first request."""
+        seed the cost table before the first request; an entry "catchup_token" (seconds a
+        prompt or catch-up row adds to a step) seeds `token_time`."""
         if self.cfg.auto_profile:
-            for (b, d), t in profile(self.shapes).items():
-                self._sample((d, self.bucket(b)), t)
+            for key, t in profile(self.shapes).items():
+                if key == "catchup_token":
+                    self.profiled_token_time = t
+                else:
+                    b, d = key
+                    self._sample((d, self.bucket(b)), t)
 
 
 def request_shape(shape: DraftShape | None, speculate: bool, max_draft_tokens: int | None,

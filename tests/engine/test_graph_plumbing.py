@@ -51,7 +51,12 @@ SHAPES = {
     # simulated acceptance: the post graphs' second verification kind
     "chain3-sim": dict(speculation="always", num_steps=3, topk=1, spec_simulate_accept_rate=0.6),
     "tree-sim": dict(speculation="always", num_steps=2, topk=3, num_draft_tokens=7, spec_simulate_accept_rate=0.6),
+    # requests that opt out get no draft refresh: every one (the post graphs without the
+    # refresh), or some (write-nothing entries in the post graphs' fixed layout)
+    "idle": dict(speculation="always", num_steps=3, topk=1),
+    "chain3-optout": dict(speculation="always", num_steps=3, topk=1),
 }
+SPECULATE = {"idle": [False] * 5, "chain3-optout": [True, False, True, False, True]}
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -75,10 +80,22 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
         return post_replay(self)
 
     monkeypatch.setattr(cuda_graph._PostGraph, "replay", counted)
+    refreshed: list[bool] = []   # the refresh flag of every post graph a step replays
+    post_graph = cuda_graph.CudaGraphs.post_graph
+
+    def looked_up(self, target, depth, kind, refresh):
+        g = post_graph(self, target, depth, kind, refresh)
+        if g is not None:
+            refreshed.append(refresh)
+        return g
+
+    monkeypatch.setattr(cuda_graph.CudaGraphs, "post_graph", looked_up)
     kw = SHAPES[shape]
     # 5 requests over buckets 1, 2, 4, 6: padded batches as the requests finish one by one.
     prompts = prompts_of_lengths([6, 11, 3, 9, 14], seed=41)
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 30, 17, 24, 9)]
+    spec = SPECULATE.get(shape, [True] * 5)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, speculate=sp)
+              for n, sp in zip((5, 30, 17, 24, 9), spec)]
     outs, stats = {}, {}
     for graphs in (False, True):
         llm = LLM(agree_dir, device="cpu", dtype="float32", max_num_seqs=6, block_size=4,
@@ -90,13 +107,18 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
             assert runner.graphs.graphs
             assert bool(runner.graphs.tree_graphs) == (kw.get("topk", 1) > 1)
             replays.clear()
+            refreshed.clear()
         outs[graphs] = [o.token_ids for o in llm.generate(prompts, params)]
         stats[graphs] = llm.stats()
     assert outs[True] == outs[False]
     assert [len(t) for t in outs[True]] == [p.max_tokens for p in params]
-    if kw.get("speculation") == "always":   # (auto's choices follow measured step times)
+    if kw.get("speculation") == "always" and any(spec):   # (auto's choices follow measured step times)
         # The drafts too: the same tokens accepted, step for step.
         assert stats[True]["accepted_tokens"] == stats[False]["accepted_tokens"] > 0
         assert stats[True]["verify_steps"] == stats[False]["verify_steps"]
+    if shape == "idle":   # nothing of the draft ran: no post graph with a refresh
+        assert stats[True]["verify_steps"] == 0 and refreshed and not any(refreshed)
+    if shape == "chain3-optout":
+        assert any(refreshed)
     assert len(replays) > 0
     assert len(post_replays) > 0   # verification and commit ran as a post graph

@@ -13,7 +13,7 @@ from helpers import prompts_of_lengths
 CONFIGS = {
     "chain3": dict(speculation="always", num_steps=3, topk=1),
     "tree": dict(speculation="always", num_steps=2, topk=4, num_draft_tokens=8),
-    "threshold3": dict(speculation="threshold", spec_disable_batch_size=3, num_steps=3, topk=1),
+    "threshold5": dict(speculation="threshold", spec_disable_batch_size=5, num_steps=3, topk=1),
     "auto-tree": dict(speculation="auto", num_steps=2, topk=2, num_draft_tokens=5),
 }
 EOS = 1   # make_tiny_model's

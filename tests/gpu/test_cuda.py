@@ -96,6 +96,43 @@ def test_cuda_post_graphs_equal_eager(models, monkeypatch):
             assert got[True] == got[False], (shape, sim)
 
 
+def test_cuda_speculation_off_at_zero_cost(models, monkeypatch):
+    """Issue 27 on the device, CUDA graphs on: requests that opt out replay the post graphs
+    without the draft refresh (all of them) or write nothing in them (some), and a threshold
+    that flips off and on catches the drafts up (eager catch-up steps, then graph steps):
+    greedy output equals speculation off every time, and verification still runs."""
+    from adaspec.engine import cuda_graph
+
+    d, h = models["llama"]
+    prompts = [[(5 * i + 11 * j) % 300 + 3 for j in range(4 + 6 * i)] for i in range(6)]
+    base = dict(device="cuda", dtype="float32", block_size=16, max_num_seqs=8)
+    refreshed = []
+    lookup = cuda_graph.CudaGraphs.post_graph
+
+    def post_graph(self, target, depth, kind, refresh):
+        g = lookup(self, target, depth, kind, refresh)
+        if g is not None:
+            refreshed.append(refresh)
+        return g
+    monkeypatch.setattr(cuda_graph.CudaGraphs, "post_graph", post_graph)
+    sp = [SamplingParams(max_tokens=24 + 4 * i, temperature=0.0, ignore_eos=True) for i in range(6)]
+    ref = [o.token_ids for o in LLM(str(d), **base).generate(prompts, sp)]
+    for name, speculate, kw in (("idle", [False] * 6, dict(speculation="always")),
+                                ("some", [True, False] * 3, dict(speculation="always")),
+                                ("threshold", [True] * 6, dict(speculation="threshold", spec_disable_batch_size=3))):
+        refreshed.clear()
+        llm = LLM(str(d), draft=str(h), num_steps=3, topk=1, **kw, **base)
+        params = [SamplingParams(max_tokens=p.max_tokens, temperature=0.0, ignore_eos=True, speculate=s)
+                  for p, s in zip(sp, speculate)]
+        assert [o.token_ids for o in llm.generate(prompts, params)] == ref, name
+        st = llm.stats()
+        assert refreshed, name
+        if name == "idle":
+            assert st["verify_steps"] == 0 and not any(refreshed)
+        else:
+            assert st["verify_steps"] > 0 and any(refreshed), (name, st)
+
+
 def test_cuda_no_kernel_compiles_while_serving(models):
     """After start-up (graph capture and warm-up), prompts of new lengths in batches of new
     sizes, with speculation, compile no Triton kernel variant: no JIT stall while serving."""

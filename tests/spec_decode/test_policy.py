@@ -98,8 +98,9 @@ def accept_after(engine, prompt, n_tokens, off_range=None):
 @pytest.mark.slow
 def test_draft_stays_fresh_through_an_off_period(agree_dir, trained_head, monkeypatch):
     """Acceptance on the last third of a request whose middle third ran without speculation
-    equals that of an uninterrupted request. The same measurement with the per-step draft
-    refresh disabled for non-speculating requests must show the collapse (the test can fail)."""
+    equals that of an uninterrupted request (its draft caught up when speculation resumed).
+    The same measurement with the catch-up's refresh dropped (the draft left stale, as
+    engines without a catch-up leave it) must show the collapse (the test can fail)."""
     n = 90
     prompts = prompts_of_lengths([7, 12, 5], seed=22)
 
@@ -349,3 +350,29 @@ def test_auto_keeps_its_depth_through_runs_of_slow_steps():
         pol.observe(StepFeedback(batch_size=1, num_tokens=1 + d, draft_len=d, step_time=steady[d] * slow,
                                  accepted_per_position=acc, drafted_per_position=(1,) * d))
     assert sum(1 for d in chosen if d >= 3) >= 0.95 * len(chosen), chosen
+
+
+def test_auto_prices_the_catch_up_of_resuming():
+    """Requests get no draft refresh while auto says 0, so resuming costs a catch-up of every
+    missed position: priced at the per-token time measured on prompt / catch-up rows, a long
+    off period keeps auto off where a short one would resume, and a catch-up step (which
+    drafts nothing) is not taken for the steady cost of depth 0. Once caught up, resuming
+    is free again."""
+    pol = auto_policy()
+    # Depth 4 nearly doubles goodput at batch 16: worth resuming unless catching up is dear.
+    feed(pol, 16, lambda d: 0.010 * (1 + 0.1 * d), rate=0.7)
+    assert depth_of(pol.decide(16)) == 4
+    pol.depth = 0
+    assert pol.token_time == pytest.approx(0.010 / 16)   # the prior: a decode row's share
+    # A prefill / catch-up step teaches the per-token time (what it added over a decode step).
+    pol.observe(StepFeedback(batch_size=16, num_tokens=16 + 200, draft_len=0, step_time=0.010 + 200 * 2e-4,
+                             num_prefill_tokens=200))
+    assert pol.token_time == pytest.approx(2e-4)
+    assert pol.times[(0, pol.bucket(16))] == pytest.approx(0.010)   # not a decode sample
+    # 16 requests off for 300 steps: 4800 positions to catch up, ~30 ms a step over the horizon.
+    assert pol.decide(16, catchup_tokens=16 * 300) is None and pol.depth == 0
+    assert pol.describe()["catchup_tokens"] == 4800
+    # Off for 5 steps only: the catch-up is cheap, resume.
+    assert depth_of(pol.decide(16, catchup_tokens=16 * 5)) == 4
+    # Caught up (nothing owed): the chosen depth stays, whatever the last off period cost.
+    assert depth_of(pol.decide(16, catchup_tokens=0)) == 4
