@@ -39,9 +39,10 @@ def test_one_rank_nccl_world_with_graphs(pair):
     from adaspec.parallel import TPGroup
 
     d, h = pair
-    with socket.socket() as s:
+    with socket.socket() as s:   # a free port, released before the store listens on it
         s.bind(("127.0.0.1", 0))
-        tp = TPGroup.init(0, 1, torch.device("cuda", 0), f"tcp://127.0.0.1:{s.getsockname()[1]}")
+        port = s.getsockname()[1]
+    tp = TPGroup.init(0, 1, torch.device("cuda", 0), f"tcp://127.0.0.1:{port}")
     try:
         for shape in SHAPES:
             ref = [o.token_ids for o in LLM(d, **_kw(h, shape)).generate(PROMPTS, SP)]
