@@ -21,8 +21,8 @@ from __future__ import annotations
 
 
 class PrefillPacer:
-    def __init__(self, fixed_cap: int = 0, itl_ratio: float = 1.8, per_decode: int = 4, min_chunk: int = 16,
-                 default_cap: int = 256, ema: float = 0.2):
+    def __init__(self, fixed_cap: int = 0, itl_ratio: float = 1.8, per_decode: int = 4, min_chunk: int = 4,
+                 default_cap: int = 32, ema: float = 0.2):
         self.fixed_cap, self.itl_ratio, self.per_decode = fixed_cap, itl_ratio, per_decode
         self.min_chunk, self.default_cap, self.ema = min_chunk, default_cap, ema
         self.t_decode: float | None = None
