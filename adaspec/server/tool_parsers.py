@@ -14,6 +14,7 @@ streaming, `marker_at(text)` says where calls begin (content is streamed up to t
 """
 from __future__ import annotations
 
+import abc
 import json
 import re
 import secrets
@@ -45,12 +46,16 @@ def _call(obj, args_key: str) -> ParsedCall | None:
     return ParsedCall(obj["name"], json.dumps(args, ensure_ascii=False))
 
 
-class ToolParser:
+class ToolParser(abc.ABC):
+    """One model family's tool-call format: `marker` opens a call in the output text."""
+
     name = ""
     marker = ""
 
+    @abc.abstractmethod
     def parse(self, text: str) -> tuple[str | None, list[ParsedCall]]:
-        raise NotImplementedError
+        """(content: the text outside the calls, None when empty; the calls). Text that does not
+        parse as calls is all content, with no calls."""
 
     def marker_at(self, text: str) -> int:
         return text.find(self.marker)
