@@ -21,11 +21,11 @@ import torch
 from adaspec import LLM, SamplingParams
 from adaspec.bench.shapes import SHAPES, write_shape_dirs
 
-def run(llm: LLM, batch: int, input_len: int, output_len: int, vocab: int, seed: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(0, vocab, (input_len,), generator=g).tolist() for _ in range(batch)]
-    sp = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-    llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
+def timed_generate(llm: LLM, prompts: list, sp: SamplingParams, warm_up: SamplingParams, n_warm: int = 1) -> dict:
+    """`llm.generate(prompts, sp)` after a warm-up on the first `n_warm` prompts: seconds,
+    output tokens and tok/s, acceptance length and the draft lengths the steps used (from the
+    difference of `llm.stats()` around the timed call)."""
+    llm.generate(prompts[:n_warm], warm_up)
     before = llm.stats()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, sp)
@@ -34,10 +34,18 @@ def run(llm: LLM, batch: int, input_len: int, output_len: int, vocab: int, seed:
     steps = st["verify_steps"] - before["verify_steps"]
     acc = st["accepted_tokens"] - before["accepted_tokens"]
     hist = {k: v - before["draft_len_histogram"].get(k, 0) for k, v in st["draft_len_histogram"].items()}
-    return {"batch": batch, "seconds": dt, "output_tokens": sum(len(o.token_ids) for o in outs),
-            "output_tok_s": sum(len(o.token_ids) for o in outs) / dt,
+    n = sum(len(o.token_ids) for o in outs)
+    return {"seconds": dt, "output_tokens": n, "output_tok_s": n / dt,
             "accept_length": (steps + acc) / steps if steps else None,
             "draft_len_histogram": {k: v for k, v in hist.items() if v}}
+
+
+def run(llm: LLM, batch: int, input_len: int, output_len: int, vocab: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, vocab, (input_len,), generator=g).tolist() for _ in range(batch)]
+    sp = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    return {"batch": batch, **timed_generate(llm, prompts, sp, warm)}
 
 
 def main(argv=None) -> int:

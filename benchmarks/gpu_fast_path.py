@@ -355,13 +355,19 @@ def main(argv=None) -> int:
     t["1_ratios"] = {k: (round(v["step_ratio"], 3) if v.get("step_ratio") else None,
                          round(v["forward_ratio"], 3) if v.get("forward_ratio") else None)
                      for k, v in res["steps"].items()}
-    Path(a.out).write_text(json.dumps(res, indent=1))
-    print(json.dumps(t, indent=1))
-    try:
-        plot(res, Path(a.out).with_suffix(".png"))
-    except Exception as ex:  # a missing plot must not lose the JSON
-        print("plot failed:", ex)
+    write_result(res, t, a.out, plot)
     return 0
+
+
+def write_result(res: dict, targets: dict, out: str, plot_fn) -> None:
+    """Write the JSON, print the targets, then draw the PNG next to the JSON (a failed plot
+    must not lose the JSON)."""
+    Path(out).write_text(json.dumps(res, indent=1))
+    print(json.dumps(targets, indent=1))
+    try:
+        plot_fn(res, Path(out).with_suffix(".png"))
+    except Exception as ex:
+        print("plot failed:", ex)
 
 
 def plot(res: dict, path: Path) -> None:

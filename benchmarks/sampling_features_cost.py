@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.bench.shapes import SHAPES, write_shape_dirs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_sweep import timed_generate  # noqa: E402
 
 VARIANTS = {
     "plain": {},
@@ -31,17 +35,8 @@ VARIANTS = {
 
 def run(llm: LLM, prompts: list, output_len: int, extra: dict) -> dict:
     sp = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True, **extra)
-    llm.generate(prompts[:2], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, **extra))  # warm-up
-    before = llm.stats()
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, sp)
-    dt = time.perf_counter() - t0
-    st = llm.stats()
-    steps = st["verify_steps"] - before["verify_steps"]
-    acc = st["accepted_tokens"] - before["accepted_tokens"]
-    n = sum(len(o.token_ids) for o in outs)
-    return {"seconds": dt, "output_tokens": n, "output_tok_s": n / dt,
-            "accept_length": (steps + acc) / steps if steps else None}
+    warm = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, **extra)
+    return timed_generate(llm, prompts, sp, warm, n_warm=2)
 
 
 def main(argv=None) -> int:

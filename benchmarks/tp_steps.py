@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_fast_path import generate_tok_s, make_llm, step_times, write_dirs  # noqa: E402
+from gpu_fast_path import generate_tok_s, make_llm, step_times, write_dirs, write_result  # noqa: E402
 
 from adaspec import LLM  # noqa: E402
 from adaspec.bench.shapes import SHAPES  # noqa: E402
@@ -126,12 +126,7 @@ def main(argv=None) -> int:
     g = res["generate"]
     if f"tp{n}chain3" in g and f"tp{n}" in g:
         t[f"chain3_over_off_tp{n}_b1"] = g[f"tp{n}chain3"]["tok_s"] / g[f"tp{n}"]["tok_s"]   # target: >= 2.2
-    Path(a.out).write_text(json.dumps(res, indent=1))
-    print(json.dumps(t, indent=1))
-    try:
-        plot(res, Path(a.out).with_suffix(".png"))
-    except Exception as ex:  # a missing plot must not lose the JSON
-        print("plot failed:", ex)
+    write_result(res, t, a.out, plot)
     return 0
 
 
