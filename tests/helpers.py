@@ -126,3 +126,21 @@ def two_token_law(model_dir, head_dir, n: int, prompt=(1, 5, 3, 2, 7), temp: flo
     the law of speculative sampling against the target's."""
     counts, llm, _ = two_token_counts(model_dir, head_dir, n, prompt, temp)
     return chi2_pvalue(counts, two_token_expected(model_dir, prompt, temp), n), llm
+
+
+def record_post_graph_refresh(monkeypatch) -> list[bool]:
+    """Spy on `CudaGraphs.post_graph`: the returned list receives the `refresh` flag of every
+    post graph a step looks up and finds (True: the graph runs the draft refresh)."""
+    from adaspec.engine import cuda_graph
+
+    refreshed: list[bool] = []
+    lookup = cuda_graph.CudaGraphs.post_graph
+
+    def post_graph(self, target, depth, kind, refresh):
+        g = lookup(self, target, depth, kind, refresh)
+        if g is not None:
+            refreshed.append(refresh)
+        return g
+
+    monkeypatch.setattr(cuda_graph.CudaGraphs, "post_graph", post_graph)
+    return refreshed

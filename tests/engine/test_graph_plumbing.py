@@ -16,7 +16,7 @@ import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.engine import cuda_graph
-from helpers import prompts_of_lengths
+from helpers import prompts_of_lengths, record_post_graph_refresh
 
 
 def _copy_into(dst, src) -> None:
@@ -80,16 +80,7 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
         return post_replay(self)
 
     monkeypatch.setattr(cuda_graph._PostGraph, "replay", counted)
-    refreshed: list[bool] = []   # the refresh flag of every post graph a step replays
-    post_graph = cuda_graph.CudaGraphs.post_graph
-
-    def looked_up(self, target, depth, kind, refresh):
-        g = post_graph(self, target, depth, kind, refresh)
-        if g is not None:
-            refreshed.append(refresh)
-        return g
-
-    monkeypatch.setattr(cuda_graph.CudaGraphs, "post_graph", looked_up)
+    refreshed = record_post_graph_refresh(monkeypatch)   # the refresh flag of every post graph replayed
     kw = SHAPES[shape]
     # 5 requests over buckets 1, 2, 4, 6: padded batches as the requests finish one by one.
     prompts = prompts_of_lengths([6, 11, 3, 9, 14], seed=41)

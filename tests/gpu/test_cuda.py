@@ -10,6 +10,8 @@ import torch
 from adaspec import LLM, SamplingParams
 from adaspec.testing import make_eagle3_head, make_tiny_model
 
+from helpers import record_post_graph_refresh
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
@@ -101,20 +103,10 @@ def test_cuda_speculation_off_at_zero_cost(models, monkeypatch):
     without the draft refresh (all of them) or write nothing in them (some), and a threshold
     that flips off and on catches the drafts up (eager catch-up steps, then graph steps):
     greedy output equals speculation off every time, and verification still runs."""
-    from adaspec.engine import cuda_graph
-
     d, h = models["llama"]
     prompts = [[(5 * i + 11 * j) % 300 + 3 for j in range(4 + 6 * i)] for i in range(6)]
     base = dict(device="cuda", dtype="float32", block_size=16, max_num_seqs=8)
-    refreshed = []
-    lookup = cuda_graph.CudaGraphs.post_graph
-
-    def post_graph(self, target, depth, kind, refresh):
-        g = lookup(self, target, depth, kind, refresh)
-        if g is not None:
-            refreshed.append(refresh)
-        return g
-    monkeypatch.setattr(cuda_graph.CudaGraphs, "post_graph", post_graph)
+    refreshed = record_post_graph_refresh(monkeypatch)
     sp = [SamplingParams(max_tokens=24 + 4 * i, temperature=0.0, ignore_eos=True) for i in range(6)]
     ref = [o.token_ids for o in LLM(str(d), **base).generate(prompts, sp)]
     for name, speculate, kw in (("idle", [False] * 6, dict(speculation="always")),
