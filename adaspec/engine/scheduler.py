@@ -139,7 +139,6 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
-        self._reserved_for_new = 0
         self.pacer = PrefillPacer(fixed_cap=cfg.long_prefill_token_threshold)   # fed by the engine
 
     # ---- queue management -----------------------------------------------------------------
@@ -205,7 +204,7 @@ class Scheduler:
             refresh = self.may_refresh(req, plan.policy_shape)
             behind = req.num_computed - req.draft_valid_len if refresh else 0
             if (behind or left > 1) and prefill is None:
-                prefill = self._prefill_budget(plan, budget, reserve_for_new=True)
+                prefill, reserved = self._prefill_budget(plan, budget, reserve_for_new=True)
             catchup = min(behind, prefill, budget - (len(todo) - i - 1)) if behind else 0
             if behind and catchup <= 0:   # no room this step: it runs without its draft
                 refresh, behind, catchup = False, 0, 0
@@ -250,8 +249,8 @@ class Scheduler:
                 prefill -= catchup + (num_new if left > 1 else 0)
             i += 1
         # New requests, oldest first, while budget, sequence slots and blocks allow.
-        prefill = self._prefill_budget(plan, budget, reserve_for_new=False) if prefill is None else \
-            min(budget, prefill + self._reserved_for_new)
+        prefill = sum(self._prefill_budget(plan, budget, reserve_for_new=False)) if prefill is None else \
+            min(budget, prefill + reserved)
         while self.waiting and prefill > 0 and len(self.running) < self.cfg.max_num_seqs and not plan.preempted:
             req = self.waiting[0]
             if req.num_computed == 0 and not req.block_ids:
@@ -281,21 +280,19 @@ class Scheduler:
             prefill -= catchup + num_new
         return plan
 
-    def _prefill_budget(self, plan: StepPlan, budget: int, reserve_for_new: bool) -> int:
-        """Prefill tokens this step may still take, given the decode rows planned so far.
-
-        With no decode row the whole budget goes to prefill (a burst of prompts starts at full
-        speed). With decode rows, the pacer caps it (`PrefillPacer`: a step with prefill costs
-        at most about twice a decode-only step, yet keeps pace with a large batch). When requests wait and a sequence slot is
-        free, half of it is kept for them (`reserve_for_new`): a short request that arrives
-        behind long prompts starts within a step or two instead of behind all of them."""
+    def _prefill_budget(self, plan: StepPlan, budget: int, reserve_for_new: bool) -> tuple[int, int]:
+        """(prefill tokens running requests may still take this step, tokens kept for new ones),
+        given the decode rows planned so far. With no decode row the whole budget goes to
+        prefill (a burst of prompts starts at full speed); with decode rows the pacer caps it
+        (`PrefillPacer`: a step with prefill costs at most about twice a decode-only step, yet
+        keeps pace with a large batch). When requests wait and a sequence slot is free, half
+        is kept for them (`reserve_for_new`): a short request that arrives behind long prompts
+        starts within a step or two instead of behind all of them."""
         decode_tokens = sum(1 + (s.draft.num_nodes if s.draft else 0) for s in plan.scheduled)
         paced = self.pacer.cap(decode_tokens)
         cap = budget if paced is None else min(budget, paced)
-        self._reserved_for_new = 0
-        if reserve_for_new and self.waiting and len(self.running) < self.cfg.max_num_seqs:
-            self._reserved_for_new = cap // 2
-        return cap - self._reserved_for_new
+        keep = cap // 2 if reserve_for_new and self.waiting and len(self.running) < self.cfg.max_num_seqs else 0
+        return cap - keep, keep
 
     def _twin_prefilling(self, req: Request, plan: StepPlan) -> bool:
         """`req` has the very prompt of a request prefilling in `plan` (the choices of an n > 1
