@@ -143,6 +143,14 @@ def prompt_logprobs(lm_head, hidden: torch.Tensor, rows: list, k: int) -> torch.
     return torch.cat([own, top.values, top.indices.float()], dim=1)
 
 
+def attach_logprobs(plan, verify: list, lp, results: list) -> None:
+    """Put a step's output logprobs (the host copy of the logprob rows of its requests that
+    asked for them, in verify order) on their StepResults, one entry per emitted token."""
+    asked = [i for i in verify if plan.scheduled[i].req.params.logprobs is not None]
+    for i, rows in zip(asked, lp.tolist()):
+        results[i].logprobs = unpack_logprobs(rows[:len(results[i].emitted)], plan.scheduled[i].req.params.logprobs)
+
+
 def attach_prompt_logprobs(plan, prompt_lp: tuple, results: list) -> None:
     """Put a step's prompt logprobs (rows from `prompt_logprob_rows`, their host copy) on the
     StepResults of their requests, as (first position, `unpack_logprobs` entries)."""

@@ -25,14 +25,12 @@ to the workers (`tp_driver`), and every rank runs the device half on its shard o
 (`adaspec/parallel`). They choose the same tokens without a word: the logits every rank
 verifies come from one all-gather (the same bytes everywhere), the hidden states from
 all-reduces that give every rank the same sum, and sampling draws its noise from each
-request's seed and position, so identical logits make identical choices, drafts and KV. (Rank 0
-deciding and broadcasting the tokens would add a collective to every step, and the drafts,
-KV moves and draft refresh that follow verification would still have to agree.)
+request's seed and position, so identical logits make identical choices, drafts and KV
+(`tp_driver` says why rank 0 does not broadcast the tokens instead).
 """
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from dataclasses import dataclass
 
@@ -51,18 +49,18 @@ from adaspec.engine.grammar_step import GrammarMasks, grammar_step
 from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.engine.step_layout import StepLayout, forward_inputs, layout_step, shifted_rows, stage_forward_inputs
 from adaspec.engine.kernel_warm_up import warm_up_kernels
-from adaspec.engine.penalty_step import attach_prompt_logprobs, prompt_logprob_rows, prompt_logprobs, \
-    unpack_logprobs
+from adaspec.engine.penalty_step import attach_logprobs, attach_prompt_logprobs, prompt_logprob_rows, \
+    prompt_logprobs
 from adaspec.engine.step_program import ProgramCodec, StepProgram, phase
-from adaspec.engine.verify_step import PostForward, stage_verify, verify_inputs
+from adaspec.engine.verify_step import PostForward, read_out_rows, stage_verify, verify_inputs
 from adaspec.layers.attention import ForwardContext, forward_context, get_backend
 from adaspec.models.loader import load_model
 from adaspec.parallel import Shard, TPGroup
 from adaspec.parallel.layers import parallelize
 from adaspec.spec_decode.drafter import TreeDrafter
+from adaspec.spec_decode.simulated import simulated_draws
 
 CPU_DEFAULT_KV_BYTES = 128 * 2**20
-log = logging.getLogger("adaspec")
 
 
 @dataclass
@@ -298,24 +296,12 @@ class ModelRunner:
             self.last_step_time = end - start
         results = [StepResult(emitted=[]) for _ in step.plan.scheduled]
         if step.out is not None:
-            self._read_out(step, results)
+            read_out_rows(step.out, step.lay, results)
+        if step.lp is not None:
+            attach_logprobs(step.plan, step.lay.verify, step.lp, results)
         if step.prompt_lp is not None:
             attach_prompt_logprobs(step.plan, step.prompt_lp, results)
         return results
-
-    def _read_out(self, step: Launched, results: list[StepResult]) -> None:
-        lay = step.lay
-        D = lay.D
-        for row, i in zip(step.out.tolist(), lay.verify):
-            cnt, L = row[0], lay.reqs[i]
-            results[i] = StepResult(emitted=row[1:1 + cnt], num_accepted=cnt - 1,
-                                    tree_depth=row[-1] if L.pad else 0, tree_nodes=L.nodes if L.pad else 0,
-                                    path=row[2 + D: 2 + D + cnt - 1])
-        if step.lp is not None:
-            lp_reqs = [i for i in lay.verify if step.plan.scheduled[i].req.params.logprobs is not None]
-            for i, rows in zip(lp_reqs, step.lp.tolist()):
-                results[i].logprobs = unpack_logprobs(rows[:len(results[i].emitted)],
-                                                      step.plan.scheduled[i].req.params.logprobs)
 
     def _timer_mark(self):
         """A point in the stream (a recorded CUDA event), or the wall clock on CPU."""
@@ -388,7 +374,7 @@ class ModelRunner:
                                       self.block_size)
         vi = verify_inputs(lay, vpad, self.rows.pad_row, rows)
         vb = stage_verify(stg, vi,
-                          self._sim_draws(len(lay.verify), vpad, N, sim), refresh, N, D, lay.tree,
+                          simulated_draws(self.sim_generator, len(lay.verify), vpad, N, sim), refresh, N, D, lay.tree,
                           params, [sched[i].req.seed for i in lay.verify],
                           reqs=None if plain else [sched[i].req for i in lay.verify])
         if refresh is not None:
@@ -455,11 +441,3 @@ class ModelRunner:
         """Stop the workers of a tensor-parallel engine (nothing to do for one process)."""
         if self.driver is not None:
             self.driver.close()
-
-    def _sim_draws(self, B: int, pad: int, N: int, rate) -> np.ndarray | None:
-        """Simulated acceptance: whether each draft of B requests is accepted (padding rows
-        draw nothing, so padding never changes a later step's draws)."""
-        if rate is None:
-            return None
-        acc = self.sim_generator.random((B, max(1, N - 1))) < rate
-        return np.concatenate([acc, np.zeros((pad, acc.shape[1]), dtype=bool)]) if pad else acc

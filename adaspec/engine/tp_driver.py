@@ -7,6 +7,10 @@ staged buffers go out by ONE broadcast each on the device (the step's one host->
 becomes: copy on rank 0, broadcast to the others). No per-layer round trip: inside the
 forward the ranks meet only in the model's own collectives. Overlap keeps working: `send`
 never waits for a worker's device work, only (on CPU, gloo) for its arrival in the broadcast.
+The tokens are not broadcast: every rank verifies the same all-gathered logits with the same
+seeded draws and so chooses the same tokens (`runner`). Rank 0 deciding and broadcasting them
+would add a collective to every step, and the drafts, KV moves and draft refresh that follow
+verification would still have to agree.
 
 Failure (`Monitor`): a worker that exits, reports an error or stops sending heartbeats
 (`ADASPEC_TP_HANG_S`, default 15 s) marks the engine failed: the next or current step raises

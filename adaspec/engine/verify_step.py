@@ -21,6 +21,7 @@ from adaspec.device.staging import Staging
 from adaspec.engine.draft_refresh import DraftRefresh, RefreshBatch, RefreshEntries, stage_refresh
 from adaspec.engine.penalty_step import StagedLogprobs, StagedPenalties, stage_logprobs, stage_penalties, \
     token_logprobs
+from adaspec.engine.scheduler import StepResult
 from adaspec.penalties import apply_penalties, path_matrix
 from adaspec.sampling import SamplingBatch, choose
 from adaspec.spec_decode.simulated import simulate
@@ -194,3 +195,15 @@ class PostForward:
 
         src, dst = slot(src_idx).reshape(-1), slot(dst_idx).reshape(-1)
         self.kv[:, :, dst] = self.kv[:, :, src]
+
+
+def read_out_rows(out: torch.Tensor, lay, results: list) -> None:
+    """Fill the StepResults of the verify rows from the host copy of PostForward's output
+    rows, [count | emitted (D + 1) | accepted path (D) | tree depth] each (`lay`: the step's
+    StepLayout, whose `verify` names the request of each row)."""
+    D = lay.D
+    for row, i in zip(out.tolist(), lay.verify):
+        cnt, L = row[0], lay.reqs[i]
+        results[i] = StepResult(emitted=row[1:1 + cnt], num_accepted=cnt - 1,
+                                tree_depth=row[-1] if L.pad else 0, tree_nodes=L.nodes if L.pad else 0,
+                                path=row[2 + D: 2 + D + cnt - 1])

@@ -7,6 +7,7 @@ outputs as `verifier.verify`.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from adaspec.spec_decode.verifier import chain_path, walk
@@ -33,3 +34,13 @@ def simulate(tokens: torch.Tensor, parents: torch.Tensor | None, limit: torch.Te
     bonus = choice.gather(1, path.gather(1, acc.unsqueeze(1)))
     emitted.scatter_(1, acc.unsqueeze(1), bonus)
     return path, emitted, acc + 1
+
+
+def simulated_draws(rng: np.random.Generator, B: int, pad: int, N: int, rate: float | None) -> np.ndarray | None:
+    """Whether each draft of B requests (N - 1 per request) is accepted, with probability
+    `rate`; `pad` padding rows draw nothing, so padding never changes a later step's draws.
+    None when acceptance is not simulated."""
+    if rate is None:
+        return None
+    acc = rng.random((B, max(1, N - 1))) < rate
+    return np.concatenate([acc, np.zeros((pad, acc.shape[1]), dtype=bool)]) if pad else acc
