@@ -6,8 +6,12 @@ __all__ = ["LLM", "Engine", "SamplingParams", "__version__"]
 
 
 def __getattr__(name):  # keep `import adaspec` light; torch models load on first use
-    if name in ("LLM", "Engine"):
-        from adaspec.engine import engine
+    if name == "Engine":
+        from adaspec.engine.engine import Engine
 
-        return getattr(engine, name)
+        return Engine
+    if name == "LLM":
+        from adaspec.engine.llm import LLM
+
+        return LLM
     raise AttributeError(name)

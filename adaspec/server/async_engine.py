@@ -130,10 +130,7 @@ class AsyncEngine:
     @property
     def draft_format(self) -> str | None:
         """The upstream layout the EAGLE-3 head was read as (None without a head)."""
-        if hasattr(self.engine, "draft_format"):   # an engine in another process says it
-            return self.engine.draft_format
-        draft = getattr(getattr(self.engine, "runner", None), "draft", None)
-        return draft.fmt.layout if draft is not None else None
+        return getattr(self.engine, "draft_format", None)
 
     @property
     def sampling_defaults(self) -> dict:
@@ -157,11 +154,7 @@ class AsyncEngine:
     @property
     def eos_token_ids(self) -> list[int]:
         """The model's stop tokens (what ends a grammar's output)."""
-        ids = getattr(self.engine, "eos_token_ids", None)
-        if ids is None:   # an in-process Engine
-            runner = getattr(self.engine, "runner", None)
-            ids = getattr(getattr(runner, "model_spec", None), "eos_token_ids", None)
-        return list(ids or [])
+        return list(getattr(self.engine, "eos_token_ids", None) or [])
 
     @property
     def stalled_for(self) -> float | None:

@@ -270,12 +270,11 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
     except BaseException as e:  # noqa: BLE001 - reported to the server, which exits with it
         out.send(("startup_error", type(e).__name__, str(e)))
         return
-    draft = getattr(engine.runner, "draft", None)
     try:
         out.send(("ready", {"max_model_len": engine.max_model_len, "vocab_size": engine.vocab_size,
-                            "eos_token_ids": list(engine.runner.model_spec.eos_token_ids),
+                            "eos_token_ids": engine.eos_token_ids,
                             "sampling_defaults": dict(engine.sampling_defaults),
-                            "draft_format": draft.fmt.layout if draft is not None else None,
+                            "draft_format": engine.draft_format,
                             "stats": engine.stats()}))
     except (BrokenPipeError, OSError):   # the server gave up while we loaded
         return

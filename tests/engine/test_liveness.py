@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from adaspec.config import SchedulerConfig, SpecConfig
-from adaspec.engine.engine import Engine, LLM
+from adaspec.engine.engine import Engine
+from adaspec.engine.llm import LLM
 from adaspec.engine.kv_cache import KVCacheManager
 from adaspec.engine.request import Request
 from adaspec.engine.scheduler import Scheduler, StepPlan, StepResult

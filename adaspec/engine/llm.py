@@ -1,0 +1,88 @@
+"""The offline API: `LLM.generate` runs the engine's step loop until every prompt is done."""
+from __future__ import annotations
+
+from adaspec.engine.engine import Engine
+from adaspec.engine.request import RequestOutput
+from adaspec.sampling import SamplingParams
+
+
+class LLM:
+    """Offline batch generation.
+
+        llm = LLM("path/to/model", device="cpu", dtype="float32")
+        outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=32, temperature=0.0))
+
+    Sampling defaults: `generate(prompts)` without SamplingParams uses
+    `llm.default_sampling_params()`, i.e. the model's generation_config.json (temperature,
+    top_p, top_k, min_p, penalties) unless the LLM was built with generation_config="none". A
+    SamplingParams you construct yourself is used exactly as given (as in vLLM);
+    `llm.default_sampling_params(max_tokens=64)` gives the model's defaults plus your fields.
+    With `n` > 1 a prompt has n outputs, in order (prompt-major): choice i is what n = 1
+    with seed + i returns; the choices share the prompt's KV through the prefix cache.
+    """
+
+    MAX_STALLED_STEPS = 100
+
+    def __init__(self, model: str, **kwargs):
+        self.engine = Engine.from_kwargs(model, **kwargs)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def default_sampling_params(self, **overrides) -> SamplingParams:
+        return self.engine.default_sampling_params(**overrides)
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts must be a non-empty list of strings or of token-id lists")
+        params = sampling_params if sampling_params is not None else self.default_sampling_params()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        # n > 1: each choice is a request of its own (seed + index), right after its siblings;
+        # the outputs come prompt-major (prompt 0's n choices, then prompt 1's ...).
+        pairs = [(pr, c) for pr, p in zip(prompts, params) for c in p.choices()]
+        prompts, params = [pr for pr, _ in pairs], [c for _, c in pairs]
+        base = next(self.engine._ids)
+        ids = [f"llm-{base}-{i}" for i in range(len(prompts))]
+        added = []
+        try:
+            for rid, prompt, p in zip(ids, prompts, params):
+                added.append(self.engine.add_request(rid, prompt, p))
+        except ValueError:
+            for rid in added:
+                self.engine.abort_request(rid)
+            raise
+        done: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+            bar = tqdm(total=len(ids), desc="generate")
+        while len(done) < len(ids):
+            for out in self.engine.step():
+                if out.finished and out.request_id in ids:
+                    done[out.request_id] = out
+                    if bar:
+                        bar.update(1)
+            if not self.engine.has_unfinished() and len(done) < len(ids):
+                raise RuntimeError("engine stopped with unfinished requests")
+            if self.engine.num_stalled_steps >= self.MAX_STALLED_STEPS:
+                for rid in ids:
+                    self.engine.abort_request(rid)
+                raise RuntimeError(f"the engine made no progress in {self.MAX_STALLED_STEPS} steps with "
+                                   f"{len(ids) - len(done)} requests unfinished (a scheduler bug)")
+        if bar:
+            bar.close()
+        return [done[r] for r in ids]
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+    def close(self) -> None:
+        """Release the engine's worker processes (tensor parallelism); also done at exit."""
+        self.engine.close()
