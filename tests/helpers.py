@@ -136,11 +136,29 @@ def record_post_graph_refresh(monkeypatch) -> list[bool]:
     refreshed: list[bool] = []
     lookup = cuda_graph.CudaGraphs.post_graph
 
-    def post_graph(self, target, depth, kind, refresh):
-        g = lookup(self, target, depth, kind, refresh)
+    def post_graph(self, target, depth, kind, refresh, extra=None):
+        g = lookup(self, target, depth, kind, refresh, extra)
         if g is not None:
             refreshed.append(refresh)
         return g
 
     monkeypatch.setattr(cuda_graph.CudaGraphs, "post_graph", post_graph)
     return refreshed
+
+
+def record_post_graph_extras(monkeypatch) -> list:
+    """Spy on `CudaGraphs.post_graph` (over any other spy): the returned list receives the
+    `extra` of every post graph a step looks up and finds (None, "logprobs", "grammar")."""
+    from adaspec.engine import cuda_graph
+
+    seen: list = []
+    lookup = cuda_graph.CudaGraphs.post_graph
+
+    def post_graph(self, target, depth, kind, refresh, extra=None):
+        g = lookup(self, target, depth, kind, refresh, extra)
+        if g is not None:
+            seen.append(extra)
+        return g
+
+    monkeypatch.setattr(cuda_graph.CudaGraphs, "post_graph", post_graph)
+    return seen

@@ -3,11 +3,12 @@ shape) and of the target forward for uniform batches (every request has the same
 query rows q): decode (q = 1) and verification (q = k + 1 for chains, N for trees), at
 batch-size buckets up to `max_num_seqs`; after each target graph, a post graph per draft depth
 (LM head on the verify rows, greedy or simulated verification, tree-KV move, draft refresh;
-decode graphs also without the refresh, for steps in which no request may speculate).
+decode graphs also without the refresh, for steps in which no request may speculate), each
+plain, with logprobs, and with a grammar's bitmask.
 One memory pool is shared by all graphs (captured largest first). A batch between buckets is
 padded with requests that have no keys and write no KV (their blocks map to the runner's
-scratch block). Anything else (prefill, mixed steps, shapes over the token cap, sampled
-verification) runs eagerly.
+scratch block). Anything else (prefill, mixed steps, shapes over the token cap, sampled or
+penalized verification) runs eagerly.
 
 Capture stages its dummy batches with the step's own layout functions (`step_layout`,
 `verify_step`, `draft_step`) into the step's own staging buffers: the target forward's
@@ -72,14 +73,15 @@ class _PostGraph:
     """Everything after a target graph (`verify_step.PostForward`: LM head on the verify rows,
     greedy or simulated verification, tree-KV move, draft refresh) for its batch and shape;
     reads the target graph's outputs and the step's post inputs staged right after the
-    forward's metadata; returns the static output rows."""
+    forward's metadata (a grammar variant also the bitmask buffer, `GrammarMasks.dev`);
+    returns the static output rows and logprob rows (None but in a logprobs variant)."""
 
-    def __init__(self, graph, out):
-        self.graph, self.out = graph, out
+    def __init__(self, graph, out, lp):
+        self.graph, self.out, self.lp = graph, out, lp
 
-    def replay(self) -> torch.Tensor:
+    def replay(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.graph.replay()
-        return self.out
+        return self.out, self.lp
 
 
 class _DraftGraph:
@@ -130,6 +132,7 @@ class GraphInputs:
     stg: object              # the step's staging buffer
     draft_stg: object        # the drafters' staging buffer
     post: object             # verify_step.PostForward
+    grammar_masks: object = None   # grammar_step.GrammarMasks (its device buffer), None: no grammar graphs
     chain: object = None     # draft_step.ChainDrafter (None without a draft head)
     trees: object = None     # spec_decode.drafter.TreeDrafter
     draft_cache: list | None = None
@@ -145,7 +148,8 @@ class CudaGraphs:
         self.graphs: dict[tuple[int, int, bool], _Graph] = {}
         self.draft_graphs: dict[tuple[int, int], _DraftGraph] = {}
         self.tree_graphs: dict[tuple[int, int, int], _TreeGraph] = {}   # (batch, num_steps, N)
-        self.post_graphs: dict[tuple, _PostGraph] = {}   # (batch, q, tree, depth, verification, refresh)
+        # (batch, q, tree, depth, verification, refresh, extra): see post_shapes
+        self.post_graphs: dict[tuple, _PostGraph] = {}
         self.pool = None
         self._h0 = self._tok0 = None
         self.capture_seconds = 0.0
@@ -189,8 +193,9 @@ class CudaGraphs:
             self.graphs[(b, q, tree)] = self._capture(b, q, tree)
         for (b, q, tree), tg in sorted(self.graphs.items(), key=lambda x: -x[0][0] * x[0][1]):
             for depth, kind, refresh in self.post_shapes(q, tree):
-                self.post_graphs[(b, q, tree, depth, kind, refresh)] = self._capture_post(tg, tree, depth, kind,
-                                                                                          refresh)
+                for extra in self.post_extras():
+                    self.post_graphs[(b, q, tree, depth, kind, refresh, extra)] = self._capture_post(
+                        tg, tree, depth, kind, refresh, extra)
         if g.chain is not None:  # chain drafting: every depth the policies may pick
             for k in range(g.spec.num_steps, 0, -1):
                 for b in reversed(buckets):
@@ -239,8 +244,16 @@ class CudaGraphs:
             return [(q - 1, kind, True)]
         return sorted({(s.num_steps, kind, True) for s in self.tree_shapes() if s.num_draft_tokens == q})
 
-    def post_graph(self, target: _Graph, depth: int, kind: str, refresh: bool) -> _PostGraph | None:
-        return self.post_graphs.get((target.batch, target.q, target.tree, depth, kind, refresh))
+    def post_extras(self) -> list[str | None]:
+        """What a post graph adds to plain verification: nothing, the logprobs of every row
+        (MAX_LOGPROBS alternatives; the host keeps the rows and alternatives asked for), or a
+        grammar's bitmask on every row (from `GrammarMasks.dev`, all bits set on rows without
+        a grammar). A step that needs both, penalties or sampled rows runs its post eagerly."""
+        return [None, "logprobs"] + (["grammar"] if self.g.grammar_masks is not None else [])
+
+    def post_graph(self, target: _Graph, depth: int, kind: str, refresh: bool,
+                   extra: str | None = None) -> _PostGraph | None:
+        return self.post_graphs.get((target.batch, target.q, target.tree, depth, kind, refresh, extra))
 
     def tree_graph(self, B: int, S: int, N: int) -> _TreeGraph | None:
         return self.tree_graphs.get((self.bucket(B), S, N))
@@ -291,7 +304,8 @@ class CudaGraphs:
                                     max_ctx_len=g.max_model_len)  # kernels size split-KV for the longest context
 
     @torch.inference_mode()
-    def _capture_post(self, tg: _Graph, tree: bool, depth: int, kind: str, refresh: bool) -> _PostGraph:
+    def _capture_post(self, tg: _Graph, tree: bool, depth: int, kind: str, refresh: bool,
+                      extra: str | None) -> _PostGraph:
         g = self.g
         b, N = tg.batch, tg.q
         _, _, pos = self._stage_dummy(b, N, tree)   # the forward's fields first, as in a step
@@ -300,8 +314,12 @@ class CudaGraphs:
         vb = stage_verify(g.stg, verify_inputs(lay, b, g.pad_row, []),
                           np.zeros((b, max(1, N - 1)), bool) if kind == "sim" else None, refresh, N, depth, tree)
         g.stg.commit()
-        graph, out = self._record(lambda: g.post(tg.hidden, tg.aux, pos, vb))
-        return _PostGraph(graph, out)
+        vb.all_logprobs = extra == "logprobs"
+        if extra == "grammar":
+            gm = g.grammar_masks
+            vb.grammar = (gm.dev[:b * N], gm.vocab_size)
+        graph, (out, lp) = self._record(lambda: g.post(tg.hidden, tg.aux, pos, vb))
+        return _PostGraph(graph, out, lp)
 
     @torch.inference_mode()
     def _capture(self, b: int, q: int, tree: bool) -> _Graph:

@@ -2,6 +2,7 @@
 
     plan    = scheduler.schedule()          # policy decides, KV is reserved
     step    = runner.launch(plan)           # draft, target forward, verify: queued on the device
+              runner.finish(step)           # (a grammar step's verify: queued once its mask is built)
     results = runner.collect(step)          # wait, read the emitted tokens
     changed = scheduler.postprocess(...)    # commit, stop, roll back rejected slots
 
@@ -9,8 +10,9 @@ With overlap (the default) the engine plans and launches step N+1 before it coll
 so the CPU work of one step hides behind the device work of the other. Step N+1 is planned as
 if every request of step N emitted one token; where N speculated, N+1 reserves KV for N's
 whole draft and the runner shifts N+1's positions on the device by what N really emitted. The
-engine waits for step N before planning only when the runner cannot shift (`plans_ahead`)
-or when step N samples a request whose output follows a grammar (`Engine._plans_ahead`).
+engine waits for step N before planning only when the runner cannot shift (`plans_ahead`).
+A step with a grammar is launched up to its target forward; its verification is queued
+(`runner.finish`) after step N is applied, when the matchers know N's tokens.
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vo
 class Engine:
     """The step loop over a scheduler (which decides) and a runner (which executes). `runner`
     is built from `cfg` unless given: any object with ModelRunner's surface (`setup`,
-    `launch`, `collect`, `plans_ahead`, `last_step_time`, `num_blocks`, `model_spec`, `draft`,
+    `launch`, `finish`, `collect`, `plans_ahead`, `last_step_time`, `num_blocks`, `model_spec`, `draft`,
     `device`, `backend`, `graphs`), which is how the scheduler/KV invariant tests drive this
     very loop without a model."""
 
@@ -215,7 +217,7 @@ class Engine:
         """Run one step; return incremental outputs of the requests that changed. With overlap
         these are the outputs of the previous step, collected after this one was launched."""
         changed: list[Request] = []
-        if self.inflight is not None and not self._plans_ahead(self.inflight.plan):
+        if self.inflight is not None and not self.runner.plans_ahead(self.inflight.plan):
             changed += self._collect()
         plan = self.scheduler.schedule()
         if self.inflight is not None and plan.empty:
@@ -235,17 +237,11 @@ class Engine:
         if self.inflight is not None:
             self.counters["overlapped_steps"] += 1
             changed += self._collect()
+        self.runner.finish(launched)
         self.inflight = launched
         if not self.config.overlap:
             changed += self._collect()
         return self._outputs(failed + changed)
-
-    def _plans_ahead(self, plan: StepPlan) -> bool:
-        """Whether the next step may be planned before `plan` is read back. Not when `plan`
-        samples a request with a grammar: the next step's bitmask is built from the matcher
-        advanced by this step's tokens (steps without a grammar keep the overlap)."""
-        return self.runner.plans_ahead(plan) and not any(s.samples and s.req.grammar is not None
-                                                         for s in plan.scheduled)
 
     def _collect(self) -> list[Request]:
         """Wait for the launched step, apply its results; the requests that changed."""

@@ -2,11 +2,15 @@
 half of the step (`ModelRunner.execute_program`).
 
 A node's mask depends on the draft tokens on its path, and the drafts are made on the device
-inside the same step. So the mask cannot be staged with the step's inputs: `_prepare` names
-the step's grammar rows in a `GrammarStep` (carried by the StepProgram), and the device half
-starts copying the drafts to the host right after the drafters were enqueued (`read_drafts`),
-lets the target forward run, and fills the masks on the host meanwhile (`masks`); the post-
-forward applies them after the penalties (verify_step.PostForward).
+inside the same step; its root's mask depends on the tokens the step before emitted, which
+the host learns only when it reads that step back. So the mask cannot be staged with the
+step's inputs. A grammar step is launched in two halves instead: the first (`launch`) queues
+the drafters, starts copying the drafts to the host (`read_drafts`) and queues the target
+forward; the engine then reads the previous step back (its tokens advance the matchers), and
+the second half (`ModelRunner.finish`) fills the mask on the host (`masks`) while the forward
+runs, copies it into a device buffer of fixed address, and queues the post-forward, which
+applies it after the penalties (verify_step.PostForward; a post CUDA graph reads the same
+buffer). So grammar steps are planned ahead like every other step.
 
 The mask is built from the matchers, which live in rank 0's process only, and reaches the
 device by a plain copy, not by the staging buffer every rank receives: tensor-parallel
@@ -15,12 +19,13 @@ tensor_parallel_size > 1 (`Engine.add_request`, and a 400 in the server).
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from adaspec.structured.bitmask import step_bitmask
+from adaspec.structured.bitmask import bitmask_width, step_bitmask
 
 TP_UNSUPPORTED = ("structured outputs (a grammar) are not supported with tensor_parallel_size > 1: their "
                   "token masks are built on rank 0 during the step and never reach the other ranks")
@@ -43,12 +48,16 @@ class GrammarStep:
 
 
 class GrammarMasks:
-    """Builds the steps' bitmasks on `device`; owns the pinned landing buffers of the drafts
-    (CUDA), reused: allocating pinned memory costs more than the copy, and each step's are
-    read within its own launch, before the next step can use them."""
+    """The steps' bitmasks: a device buffer of `rows` x `width` words at a fixed address (the
+    post graphs capture it) and its pinned host twin (CUDA), plus the pinned landing buffers of
+    the drafts. Each is reused step after step: a step's second half writes them only after
+    the engine has read the step before back, so that step's copies are done."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self, device: torch.device, rows: int, vocab_size: int):
+        self.device, self.vocab_size = device, vocab_size
+        self.width = bitmask_width(vocab_size)
+        self.dev = torch.full((rows, self.width), -1, dtype=torch.int32, device=device)
+        self._mask_host = None
         self._host: dict = {}
 
     def read_drafts(self, g: GrammarStep, vb):
@@ -71,9 +80,10 @@ class GrammarMasks:
         ev.record()
         return host, ev
 
-    def masks(self, g: GrammarStep, drafts) -> tuple:
-        """(bitmask on the device, rows, vocab) of the step's grammar rows: waits for the drafts
-        when the step has any."""
+    def masks(self, g: GrammarStep, drafts) -> tuple[torch.Tensor, int]:
+        """(the device bitmask of the step's logits rows, vocab): every verify request's N rows
+        (a graph batch's padding requests' too, allowing everything); waits for the drafts when
+        the step has any."""
         tokens = parents = None
         limit = g.limit
         if drafts is not None:
@@ -83,8 +93,26 @@ class GrammarMasks:
             tokens, parents, limit = (t.numpy() for t in host)
             parents = parents if g.tree else None
         vocab = next(x.vocab_size for x in g.grammars if x is not None)
-        mask, rows = step_bitmask(g.grammars, vocab, g.N, tokens, parents, limit)
-        return mask.to(self.device), rows, vocab
+        if bitmask_width(vocab) != self.width:
+            raise ValueError(f"a grammar over {vocab} tokens on a model of {self.vocab_size}")
+        num_rows = len(g.limit) * g.N
+        host = self._host_rows(num_rows)
+        step_bitmask(host, g.grammars, g.N, tokens, parents, limit)
+        dev = self.dev[:num_rows]
+        dev.copy_(host, non_blocking=True)
+        return dev, vocab
+
+    def _host_rows(self, n: int) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return torch.empty(n, self.width, dtype=torch.int32)
+        if self._mask_host is None:   # pinned once, at the first grammar step
+            self._mask_host = torch.empty(self.dev.shape, dtype=torch.int32, pin_memory=True)
+        return self._mask_host[:n]
+
+
+def grammar_available() -> bool:
+    """Whether xgrammar is installed (the post graphs with a bitmask are captured only then)."""
+    return importlib.util.find_spec("xgrammar") is not None
 
 
 def grammar_step(grammars: list, limit: np.ndarray, N: int, tree: bool, drafting: bool) -> GrammarStep | None:

@@ -143,11 +143,14 @@ def prompt_logprobs(lm_head, hidden: torch.Tensor, rows: list, k: int) -> torch.
     return torch.cat([own, top.values, top.indices.float()], dim=1)
 
 
-def attach_logprobs(plan, verify: list, lp, results: list) -> None:
+def attach_logprobs(plan, verify: list, lp, results: list, every_row: bool = False) -> None:
     """Put a step's output logprobs (the host copy of the logprob rows of its requests that
-    asked for them, in verify order) on their StepResults, one entry per emitted token."""
-    asked = [i for i in verify if plan.scheduled[i].req.params.logprobs is not None]
-    for i, rows in zip(asked, lp.tolist()):
+    asked for them, in verify order; `every_row`: of every verify row, as a post graph computes
+    them) on their StepResults, one entry per emitted token."""
+    asked = [(k, i) for k, i in enumerate(verify) if plan.scheduled[i].req.params.logprobs is not None]
+    if every_row:
+        lp = lp[[k for k, _ in asked]]
+    for (_, i), rows in zip(asked, lp.tolist()):
         results[i].logprobs = unpack_logprobs(rows[:len(results[i].emitted)], plan.scheduled[i].req.params.logprobs)
 
 

@@ -45,7 +45,7 @@ from adaspec.engine.cuda_graph import CudaGraphs, GraphInputs
 from adaspec.engine.device_rows import DeviceRows
 from adaspec.engine.draft_refresh import DraftRefresh, refresh_entries, stage_refresh_meta
 from adaspec.engine.draft_step import ChainDrafter, TreeStep
-from adaspec.engine.grammar_step import GrammarMasks, grammar_step
+from adaspec.engine.grammar_step import GrammarMasks, grammar_available, grammar_step
 from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.engine.step_layout import StepLayout, forward_inputs, layout_step, shifted_rows, stage_forward_inputs
 from adaspec.engine.kernel_warm_up import warm_up_kernels
@@ -74,6 +74,8 @@ class Launched:
     start: object                     # timer marks (CUDA events; wall-clock floats on CPU);
     end: object                       # `end` is recorded after the output copy
     prompt_lp: tuple | None = None    # (penalty_step.prompt_logprob_rows, host copy of their logprobs)
+    all_lp: bool = False              # `lp` holds every verify row (a post graph's), not only those that ask
+    second_half: tuple | None = None  # a grammar step's (program, forward outputs): `finish` queues its post
 
 
 class ModelRunner:
@@ -124,7 +126,7 @@ class ModelRunner:
         self.last_step_time = 0.0
         self.prev_speculative = False   # the last launched step verified drafts
         self._prompt_lp = None          # the launching step's prompt logprobs (device)
-        self.grammar_masks = GrammarMasks(self.device)
+        self.grammar_masks: GrammarMasks | None = None
 
     def _load_target(self, shard: Shard | None) -> None:
         cfg = self.cfg
@@ -207,6 +209,10 @@ class ModelRunner:
             self.trees = TreeStep(TreeDrafter(self.draft, self.backend, self.block_size, self.draft_group),
                                   self.draft_cache, bt, pr)
             refresh = DraftRefresh(self.draft, self.backend, self.draft_cache, self.rows.draft_hidden)
+        # Structured outputs need rank 0 alone (grammar_step.TP_UNSUPPORTED).
+        if self.cfg.tensor_parallel_size == 1:
+            self.grammar_masks = GrammarMasks(self.device, sc.max_num_seqs * max(n, self.max_draft + 1),
+                                              self.model_spec.vocab_size)
         self.post = PostForward(self.model.lm_head, self.rows.last_token, self.rows.last_count,
                                 self.rows.last_emitted, self.kv,
                                 self.rows.block_table, self.block_size, refresh)
@@ -221,7 +227,8 @@ class ModelRunner:
             spec=self.cfg.spec, max_num_seqs=self.cfg.scheduler.max_num_seqs, max_model_len=self.max_model_len,
             model=self.model, backend=self.backend, kv_caches=self.kv_caches, group=self.group,
             block_size=self.block_size, block_table=self.rows.block_table, pad_row=self.rows.pad_row, stg=self.stg,
-            draft_stg=self.draft_stg, post=self.post, chain=self.chain,
+            draft_stg=self.draft_stg, post=self.post, grammar_masks=self.grammar_masks if grammar_available() else None,
+            chain=self.chain,
             trees=self.trees.drafter if self.trees is not None else None, draft_cache=self.draft_cache,
             draft_hidden_size=d.spec.hidden_size if d is not None else 0, draft_layers=d.num_layers if d else 0,
             dtype=self.dtype, device=self.device))
@@ -265,10 +272,31 @@ class ModelRunner:
     def launch(self, plan: StepPlan) -> Launched:
         """Queue one step on the device; nothing waits for it. The step's time is measured
         with CUDA events: one enqueued at the start fires when the stream reaches it, so the
-        span counts host preparation only while the device waits for it (right under overlap)."""
+        span counts host preparation only while the device waits for it (right under overlap).
+        A step with a grammar is queued up to its target forward: `finish` queues the rest."""
         timer = self._timer_mark()
-        lay, out, lp = self._enqueue(plan)
+        lay, prog = self._prepare(plan)
         self.prev_speculative = plan.speculative
+        with self._tp_step():
+            if self.driver is not None:   # the program, then the staged buffers broadcast
+                self.driver.send(prog)
+            fwd = self.forward_half(prog)
+            step = Launched(plan, lay, None, None, timer, None, second_half=(prog, fwd))
+            if prog.grammar is None:
+                self.finish(step)
+        return step
+
+    @torch.inference_mode()
+    def finish(self, step: Launched) -> None:
+        """Queue the rest of a launched step (a no-op once queued). A grammar step's bitmask
+        is filled here, from matchers that know every token read back so far: the engine calls
+        this after it applied the step before (`grammar_step` says why)."""
+        if step.second_half is None:
+            return
+        (prog, fwd), step.second_half = step.second_half, None
+        with self._tp_step():
+            out, lp = self.post_half(prog, fwd)
+        step.all_lp = prog.post is not None and lp is not None
         if out is not None and self.device.type == "cuda":
             host = self._out_host[self._out_flip][: out.numel()].view(out.shape)
             self._out_flip ^= 1
@@ -276,17 +304,17 @@ class ModelRunner:
             out = host
         elif out is not None:   # a graph's static output is overwritten by the next step
             out = out.clone()
-        if lp is not None:      # only the top-k of the emitted tokens' rows: small
-            lp = lp.to("cpu", non_blocking=True)
-        prompt_lp = None
+        if lp is not None:      # the emitted tokens' rows only: small (a clone on CPU: a graph's
+            lp = lp.to("cpu", non_blocking=True) if lp.is_cuda else lp.clone()   # is overwritten)
         if self._prompt_lp is not None:
             rows, t = self._prompt_lp
-            prompt_lp = (rows, t.to("cpu", non_blocking=True))
-        return Launched(plan, lay, out, lp, timer, self._timer_mark(), prompt_lp)
+            step.prompt_lp = (rows, t.to("cpu", non_blocking=True))
+        step.out, step.lp, step.end = out, lp, self._timer_mark()
 
     def collect(self, step: Launched) -> list[StepResult]:
         """Wait for a launched step and return its results (one per scheduled request);
         sets `self.last_step_time` (seconds)."""
+        self.finish(step)
         start, end = step.start, step.end
         if self.device.type == "cuda":
             with self._tp_step():
@@ -298,7 +326,7 @@ class ModelRunner:
         if step.out is not None:
             read_out_rows(step.out, step.lay, results)
         if step.lp is not None:
-            attach_logprobs(step.plan, step.lay.verify, step.lp, results)
+            attach_logprobs(step.plan, step.lay.verify, step.lp, results, step.all_lp)
         if step.prompt_lp is not None:
             attach_prompt_logprobs(step.plan, step.prompt_lp, results)
         return results
@@ -310,16 +338,6 @@ class ModelRunner:
             ev.record()
             return ev
         return time.perf_counter()
-
-    def _enqueue(self, plan: StepPlan) -> tuple[StepLayout, torch.Tensor | None, torch.Tensor | None]:
-        """Stage the step and enqueue its device work; returns (layout, device output rows,
-        logprob rows). With workers, the step reaches them between the two halves
-        (`TPDriver.send`): the program, then the staged buffers broadcast on the device."""
-        lay, prog = self._prepare(plan)
-        with self._tp_step():
-            if self.driver is not None:
-                self.driver.send(prog)
-            return (lay, *self.execute_program(prog))
 
     def _tp_step(self):
         """Rank 0 of a tensor-parallel engine: a step's part where a dead worker shows (as an
@@ -340,17 +358,20 @@ class ModelRunner:
         params = [sched[i].req.params for i in lay.verify]
         sim = self.cfg.spec.simulate_accept_rate if N > 1 else None
         # Everything after the forward replays as one graph when the forward does, every
-        # request is a decoder that samples, and every row is plain: greedy, no logprobs, no
-        # penalties, no grammar (its mask is built on the host during the step).
+        # request is a decoder that samples, every row is greedy and unpenalized, and the rows
+        # want at most one extra: logprobs, or a grammar's bitmask (`CudaGraphs.post_extras`).
         # A step in which no request refreshes its draft replays a post graph without the
         # refresh: requests that do not speculate cost what they cost without a draft head.
         grammars = [sched[i].req.grammar for i in lay.verify]
+        want = {"logprobs"} if any(p.logprobs is not None for p in params) else set()
+        want |= {"grammar"} if any(g is not None for g in grammars) else set()
         post = None
-        plain = all(p.greedy and p.logprobs is None and not p.penalized for p in params) \
-            and all(g is None for g in grammars)
-        if graph is not None and len(lay.verify) == len(sched) and all(L.n_new == 1 for L in lay.reqs) and plain:
+        graphable = all(p.greedy and not p.penalized for p in params) and len(want) <= 1
+        if graph is not None and len(lay.verify) == len(sched) and all(L.n_new == 1 for L in lay.reqs) \
+                and graphable:
             post = self.graphs.post_graph(graph, D, "sim" if sim is not None else "greedy",
-                                          refresh=self.draft is not None and any(s.refresh for s in sched))
+                                          refresh=self.draft is not None and any(s.refresh for s in sched),
+                                          extra=next(iter(want), None))
         if extra:  # padding requests of the captured batch size: no keys, no KV writes
             fi.pad(extra, fi.q_lens[0], lay.tree)
         stg = self.stg
@@ -376,7 +397,7 @@ class ModelRunner:
         vb = stage_verify(stg, vi,
                           simulated_draws(self.sim_generator, len(lay.verify), vpad, N, sim), refresh, N, D, lay.tree,
                           params, [sched[i].req.seed for i in lay.verify],
-                          reqs=None if plain else [sched[i].req for i in lay.verify])
+                          reqs=None if post is not None else [sched[i].req for i in lay.verify])
         if refresh is not None:
             stage_refresh_meta(stg, vb.refresh, refresh, shift, self.draft.num_layers, self.backend,
                                self.rows.block_table, self.block_size, self.draft_group)
@@ -400,6 +421,11 @@ class ModelRunner:
     def execute_program(self, p: StepProgram) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The device half of a step (every rank runs it on its own buffers); returns the
         device output rows and logprob rows (None when nothing sampled / asked for them)."""
+        return self.post_half(p, self.forward_half(p))
+
+    def forward_half(self, p: StepProgram) -> tuple:
+        """Block-table updates, shifts, drafts, the target forward; (hidden, aux, drafts
+        being read back for a grammar step's mask, or None)."""
         self.rows.apply_updates(p.upd.t if p.upd is not None else None)
         for sh, staged in p.shifts:   # after the block-table update: slots are looked up in it
             sh.apply(staged, self.rows.last_count, self.rows.block_table, self.block_size)
@@ -415,7 +441,6 @@ class ModelRunner:
         if p.trees is not None:
             self.trees.run(p.trees, self.rows.draft_hidden, p.meta, ids_d, pos_d, vb.tokens.t, vb.parents.t,
                            vb.limit.t)
-
         drafts = self.grammar_masks.read_drafts(p.grammar, vb) if p.grammar is not None else None
 
         # ---- target forward ----
@@ -424,18 +449,24 @@ class ModelRunner:
         else:
             with forward_context(ForwardContext(p.meta, self.backend, self.kv_caches)):
                 hidden, aux = self.model(ids_d, pos_d)
-        if p.grammar is not None:   # the masks are filled on the host while the forward runs
-            vb.grammar = self.grammar_masks.masks(p.grammar, drafts)
         self._prompt_lp = None
         if p.prompt_lp is not None:
             plp, k = p.prompt_lp
             self._prompt_lp = (plp, prompt_logprobs(self.model.lm_head, hidden, plp, k))
+        return hidden, aux, drafts
+
+    def post_half(self, p: StepProgram, fwd: tuple) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Verification, commit and output (one post graph, or the same work eagerly), after
+        the grammar step's bitmask is in place; or the draft refresh alone when nothing samples."""
+        hidden, aux, drafts = fwd
+        vb = p.vb
+        if p.grammar is not None:
+            vb.grammar = self.grammar_masks.masks(p.grammar, drafts)
         if not p.verifies:
             if vb.refresh is not None:
                 self.post.refresh.run(vb.refresh, aux)
             return None, None
-        # ---- verify, commit, output (one graph, or the same work eagerly) ----
-        return p.post.replay() if p.post is not None else self.post(hidden, aux, pos_d, vb)
+        return p.post.replay() if p.post is not None else self.post(hidden, aux, p.pos, vb)
 
     def close(self) -> None:
         """Stop the workers of a tensor-parallel engine (nothing to do for one process)."""

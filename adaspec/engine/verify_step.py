@@ -23,7 +23,7 @@ from adaspec.engine.penalty_step import StagedLogprobs, StagedPenalties, stage_l
     token_logprobs
 from adaspec.engine.scheduler import StepResult
 from adaspec.penalties import apply_penalties, path_matrix
-from adaspec.sampling import SamplingBatch, choose
+from adaspec.sampling import MAX_LOGPROBS, SamplingBatch, choose
 from adaspec.spec_decode.simulated import simulate
 from adaspec.spec_decode.verifier import verify
 from adaspec.structured.bitmask import apply_bitmask, legal_drafts
@@ -85,7 +85,8 @@ class VerifyBatch:
     tree: bool
     penalties: StagedPenalties | None = None   # penalized rows (eager post-forward only)
     logprobs: StagedLogprobs | None = None     # rows that report logprobs (eager only)
-    grammar: tuple | None = None   # (bitmask, rows, vocab size) of grammar rows (structured.bitmask)
+    all_logprobs: bool = False     # logprobs of every row, MAX_LOGPROBS alternatives (post graphs)
+    grammar: tuple | None = None   # (bitmask [Bv*N, W] on the device, vocab size) (structured.bitmask)
 
 
 def stage_verify(stg: Staging, vi: VerifyInputs, accept: np.ndarray | None, refresh: RefreshEntries | None,
@@ -129,8 +130,8 @@ class PostForward:
         if b.penalties is not None:
             logits = self.penalize(raw, b, src)
         if b.grammar is not None:   # after the penalties, before every choice: drafts, bonus and
-            if logits is raw and b.logprobs is not None:   # plain tokens obey it; logprobs stay raw
-                logits = raw.clone()
+            if logits is raw and (b.logprobs is not None or b.all_logprobs):   # plain tokens obey
+                logits = raw.clone()                                          # it; logprobs stay raw
             apply_bitmask(logits, *b.grammar)
         sampling = None
         if b.sampling is not None:
@@ -142,7 +143,7 @@ class PostForward:
         if b.accept is not None:
             legal = None
             if b.grammar is not None:   # simulated acceptance keeps grammar outputs legal
-                legal = legal_drafts(b.grammar[0].to(logits.device), b.tokens.t, parents)
+                legal = legal_drafts(b.grammar[0], b.tokens.t, parents)
             path, emitted, count = simulate(b.tokens.t, parents, limit, choice, b.accept.t.bool(), b.D, legal)
         else:
             path, emitted, count = verify(b.tokens.t, parents, limit, choice, b.D)
@@ -150,6 +151,8 @@ class PostForward:
         if b.logprobs is not None:
             r = b.logprobs.rows.t
             lp = token_logprobs(raw.view(Bv, N, -1)[r], path[r], emitted[r], b.logprobs.k)
+        elif b.all_logprobs:
+            lp = token_logprobs(raw.view(Bv, N, -1), path, emitted, MAX_LOGPROBS)
         self.last_token[src] = emitted.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
         self.last_count[src] = count
         self.last_emitted[src, :emitted.shape[1]] = emitted

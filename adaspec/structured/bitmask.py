@@ -11,7 +11,9 @@ Nodes a walk cannot reach (under a forbidden draft, padding, beyond the request'
 allow every token: their choice is never used, and an all-masked row would be NaN once
 softmaxed.
 
-Host work per grammar request: one xgrammar call (`traverse_draft_tree`, C++) per step.
+Host work per grammar request: one xgrammar call (`traverse_draft_tree`, C++) per step, into
+a bitmask the step owns for all its rows (`step_bitmask`); on the device the mask is applied
+to every row with plain tensor ops (`apply_bitmask`), so the post CUDA graphs capture it.
 """
 from __future__ import annotations
 
@@ -47,49 +49,58 @@ def _chain_links(n: int, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(first, dtype=torch.int64), torch.tensor(sib, dtype=torch.int64)
 
 
-def step_bitmask(grammars: list, vocab_size: int, N: int, tokens: np.ndarray | None, parents: np.ndarray | None,
-                 limit: np.ndarray) -> tuple[torch.Tensor, list[int]] | None:
-    """(bitmask [B*N, W] int32 on the host, the logits rows it constrains) for B verify
-    requests over a vocabulary of `vocab_size` (the grammar's), `grammars[k]` a `RequestGrammar` or None (unconstrained rows allow everything).
-    `tokens` [B, N] are the draft tokens (None: no drafts this step), `parents` [B, N] their
-    tree (None: chains), `limit` [B] each request's own depth. None when no row is constrained."""
-    import xgrammar as xgr
+def bitmask_width(vocab_size: int) -> int:
+    """32-bit words per bitmask row of a vocabulary of `vocab_size` tokens."""
+    return (vocab_size + 31) // 32
 
-    active = [k for k, g in enumerate(grammars) if g is not None]
-    if not active:
-        return None
-    mask = xgr.allocate_token_bitmask(len(grammars) * N, vocab_size)   # every bit set
-    rows: list[int] = []
-    for k in active:
-        m = grammars[k].matcher
+
+def step_bitmask(out: torch.Tensor, grammars: list, N: int, tokens: np.ndarray | None, parents: np.ndarray | None,
+                 limit: np.ndarray) -> None:
+    """Fill `out` [B*N, W] int32 (host; W = bitmask_width of the grammars' vocabulary) with
+    the bitmask of B verify requests: `grammars[k]` a `RequestGrammar` or None (its rows, and
+    those of a request whose grammar is complete, allow everything). `tokens` [B, N] are the
+    draft tokens (None: no drafts this step), `parents` [B, N] their tree (None: chains),
+    `limit` [B] each request's own depth."""
+    out.fill_(-1)
+    for k, g in enumerate(grammars):
+        if g is None or g.done:   # done: finished by the step before; this step is discarded
+            continue
+        m = g.matcher
         depth = int(limit[k]) if tokens is not None else 0
         if depth <= 0:
-            m.fill_next_token_bitmask(mask, k * N)
-            rows.append(k * N)
+            m.fill_next_token_bitmask(out, k * N)
             continue
         if parents is None:
             first, sib = _chain_links(N, depth)
         else:
             first, sib = (torch.tensor(x, dtype=torch.int64) for x in _tree_links(parents[k], depth))
-        view = mask[k * N:(k + 1) * N]
+        view = out[k * N:(k + 1) * N]
         m.traverse_draft_tree(first, sib, torch.from_numpy(np.ascontiguousarray(tokens[k], dtype=np.int64)), view)
-        rows.extend(range(k * N, (k + 1) * N))
-    # Unreached draft nodes (all bits clear) allow everything: see the module docstring. A root
-    # row stays as it is: all clear there means the grammar cannot go on in this vocabulary,
-    # and the request ends with an error when its token is not accepted.
-    dead = (mask == 0).all(dim=1)
-    dead[::N] = False
-    mask[dead] = -1
-    return mask, rows
+        # Unreached draft nodes (all bits clear) allow everything: see the module docstring.
+        # The root row stays as it is: all clear there means the grammar cannot go on in this
+        # vocabulary, and the request ends with an error when its token is not accepted.
+        dead = (view[1:] == 0).all(dim=1)
+        if dead.any():
+            view[1:][dead] = -1
 
 
-def apply_bitmask(logits: torch.Tensor, mask: torch.Tensor, rows: list[int], vocab_size: int) -> None:
-    """Disallowed tokens of the constrained `rows` of `logits` [R, V] become -inf, in place
-    (xgrammar's kernel for the device: CUDA/Triton on a GPU, C++ on the CPU)."""
-    import xgrammar as xgr
+_SHIFTS: dict = {}
 
-    xgr.apply_token_bitmask_inplace(logits, mask.to(logits.device, non_blocking=True),
-                                    vocab_size=min(vocab_size, logits.shape[-1]), indices=rows)
+
+def apply_bitmask(logits: torch.Tensor, mask: torch.Tensor, vocab_size: int) -> None:
+    """Disallowed tokens of `logits` [R, V] become -inf, in place, by `mask` [R, W] int32 on
+    the logits' device (bit t of row r set: token t allowed). Columns past the grammar's
+    vocabulary (`vocab_size`, if the logits are wider) are left as they are, as xgrammar's own
+    kernel leaves them. Plain tensor ops, no host sync: CUDA graphs capture it."""
+    n = min(vocab_size, logits.shape[-1], mask.shape[-1] * 32)
+    key = (mask.device, n)
+    bits = _SHIFTS.get(key)
+    if bits is None:   # (word, bit) of every column, built once per device and width
+        col = torch.arange(n, device=mask.device)
+        bits = _SHIFTS[key] = (col // 32, (col % 32).to(torch.int32))
+    word, shift = bits
+    allowed = ((mask[:, word] >> shift) & 1).bool()
+    logits[:, :n].masked_fill_(~allowed, float("-inf"))
 
 
 def legal_drafts(mask: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor | None) -> torch.Tensor:

@@ -51,6 +51,9 @@ class FakeRunner:
         self.launches += 1
         return SimpleNamespace(plan=plan)
 
+    def finish(self, step) -> None:
+        pass
+
     def collect(self, step) -> list[StepResult]:
         if self.inflight is step.plan:
             self.inflight = None

@@ -16,7 +16,7 @@ import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.engine import cuda_graph
-from helpers import prompts_of_lengths, record_post_graph_refresh
+from helpers import prompts_of_lengths, record_post_graph_extras, record_post_graph_refresh
 
 
 def _copy_into(dst, src) -> None:
@@ -55,8 +55,27 @@ SHAPES = {
     # refresh), or some (write-nothing entries in the post graphs' fixed layout)
     "idle": dict(speculation="always", num_steps=3, topk=1),
     "chain3-optout": dict(speculation="always", num_steps=3, topk=1),
+    # the post graphs' extras: logprobs of every row, a grammar's bitmask (CudaGraphs.post_extras)
+    "off-logprobs": {},
+    "chain3-logprobs": dict(speculation="always", num_steps=3, topk=1),
+    "chain3-grammar": dict(speculation="always", num_steps=3, topk=1),
+    "tree-sim-grammar": dict(speculation="always", num_steps=2, topk=3, num_draft_tokens=7,
+                             spec_simulate_accept_rate=0.6),
 }
 SPECULATE = {"idle": [False] * 5, "chain3-optout": [True, False, True, False, True]}
+# A raw vocabulary for the grammar shapes (token i is one character) and a grammar that forbids
+# a third of it; two of the five requests follow it, the others do not.
+PIECES = [chr(0x4E00 + i) for i in range(320)]
+GRAMMAR = "[" + "".join(PIECES[i] for i in range(320) if i % 3) + "]*"
+
+
+def _extras(shape: str, k: int) -> dict:
+    if shape.endswith("-logprobs"):
+        return dict(logprobs=2) if k % 2 == 0 else {}
+    if shape.endswith("-grammar"):
+        from adaspec.structured import StructuredOutput
+        return dict(structured=StructuredOutput("regex", GRAMMAR)) if k in (1, 3) else {}
+    return {}
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -85,12 +104,18 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
     # 5 requests over buckets 1, 2, 4, 6: padded batches as the requests finish one by one.
     prompts = prompts_of_lengths([6, 11, 3, 9, 14], seed=41)
     spec = SPECULATE.get(shape, [True] * 5)
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, speculate=sp)
-              for n, sp in zip((5, 30, 17, 24, 9), spec)]
-    outs, stats = {}, {}
+    if shape.endswith("-grammar"):
+        pytest.importorskip("xgrammar")
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, speculate=sp, **_extras(shape, k))
+              for k, (n, sp) in enumerate(zip((5, 30, 17, 24, 9), spec))]
+    extras = record_post_graph_extras(monkeypatch)
+    outs, stats, lps = {}, {}, {}
     for graphs in (False, True):
         llm = LLM(agree_dir, device="cpu", dtype="float32", max_num_seqs=6, block_size=4,
                   **(dict(draft=trained_head) if kw else {}), **kw)
+        if shape.endswith("-grammar"):
+            from adaspec.structured.grammar import GrammarCache
+            llm.engine.grammars = GrammarCache.from_vocab(PIECES, stop_token_ids=[1])
         runner = llm.engine.runner
         if graphs:
             runner.graphs = runner.make_graphs()
@@ -99,9 +124,23 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
             assert bool(runner.graphs.tree_graphs) == (kw.get("topk", 1) > 1)
             replays.clear()
             refreshed.clear()
-        outs[graphs] = [o.token_ids for o in llm.generate(prompts, params)]
+            extras.clear()
+        res = llm.generate(prompts, params)
+        outs[graphs] = [o.token_ids for o in res]
+        lps[graphs] = [o.logprobs for o in res]
         stats[graphs] = llm.stats()
     assert outs[True] == outs[False]
+    for got, ref in zip(lps[True], lps[False]):   # the graphs' logprobs: every row, the asked k kept
+        assert (got is None) == (ref is None)
+        if ref is not None:
+            assert len(got) == len(ref) and all(len(a[1]) == len(b[1]) == 2 for a, b in zip(got, ref))
+            assert [a[0] for a in got] == pytest.approx([b[0] for b in ref], abs=1e-5)
+            assert [[t for t, _ in a[1]] for a in got] == [[t for t, _ in b[1]] for b in ref]
+    if "-" in shape and shape.split("-")[-1] in ("logprobs", "grammar"):
+        assert shape.split("-")[-1] in extras   # ... and they ran as post graphs
+    if shape.endswith("-grammar"):   # the grammar held on the constrained requests only
+        assert all(t % 3 for k in (1, 3) for t in outs[True][k])
+        assert any(t % 3 == 0 for k in (0, 2, 4) for t in outs[True][k])
     assert [len(t) for t in outs[True]] == [p.max_tokens for p in params]
     if kw.get("speculation") == "always" and any(spec):   # (auto's choices follow measured step times)
         # The drafts too: the same tokens accepted, step for step.

@@ -10,7 +10,7 @@ import torch
 from adaspec import LLM, SamplingParams
 from adaspec.testing import make_eagle3_head, make_tiny_model
 
-from helpers import record_post_graph_refresh
+from helpers import record_post_graph_extras, record_post_graph_refresh
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -275,6 +275,43 @@ def test_cuda_grammar_with_speculation_equals_off(models):
         runs[name] = [o.token_ids for o in llm.generate(prompts, params)]
     assert runs["chain"] == runs["off"] and runs["tree"] == runs["off"]
     assert all(t % 3 for i, o in enumerate(runs["off"]) if i % 2 for t in o)
+
+
+def test_cuda_post_graph_extras_equal_eager(models, monkeypatch):
+    """The post graphs with an extra (the logprobs of every row; a grammar's bitmask from the
+    fixed device buffer) replay what the eager post-forward does: batches where every row is
+    greedy and wants at most that one extra, chains and trees, speculation off too."""
+    pytest.importorskip("xgrammar")
+    from adaspec.structured import StructuredOutput
+    from adaspec.structured.grammar import GrammarCache
+
+    d, h = models["llama"]
+    pieces = [chr(0x4E00 + i) for i in range(320)]
+    spec = StructuredOutput("regex", "[" + "".join(pieces[i] for i in range(320) if i % 3) + "]*")
+    prompts = [[(3 * i + j) % 300 + 3 for j in range(4 + 3 * i)] for i in range(6)]
+    g = dict(temperature=0.0, ignore_eos=True, max_tokens=24)
+    batches = {"logprobs": [SamplingParams(logprobs=i % 3 * 2 if i % 2 else None, **g) for i in range(6)],
+               "grammar": [SamplingParams(structured=spec if i % 2 else None, **g) for i in range(6)]}
+    seen = record_post_graph_extras(monkeypatch)
+    for extra, params in batches.items():
+        for shape in ({}, dict(speculation="always", num_steps=3), dict(speculation="always", num_steps=2, topk=4,
+                                                                          num_draft_tokens=16)):
+            outs = {}
+            for eager in (True, False):
+                llm = LLM(str(d), device="cuda", dtype="float32", max_num_seqs=16, enforce_eager=eager,
+                          **(dict(draft=str(h)) if shape else {}), **shape)
+                llm.engine.grammars = GrammarCache.from_vocab(pieces, stop_token_ids=[1])
+                seen.clear()
+                outs[eager] = llm.generate(prompts, params)
+                assert (extra in seen) == (not eager), (extra, shape, eager, set(seen))
+            assert [o.token_ids for o in outs[False]] == [o.token_ids for o in outs[True]], (extra, shape)
+            for o, r in zip(outs[False], outs[True]):
+                assert (o.logprobs is None) == (r.logprobs is None)
+                for (lp, top), (rlp, rtop) in zip(o.logprobs or [], r.logprobs or []):
+                    assert abs(lp - rlp) < 1e-3 and len(top) == len(rtop)
+                    assert [v for _, v in top] == pytest.approx([v for _, v in rtop], abs=1e-3)
+            if extra == "grammar":
+                assert all(t % 3 for i, o in enumerate(outs[False]) if i % 2 for t in o.token_ids)
 
 
 def test_cuda_logprobs_penalties_lossless_and_graphs_kept(models):

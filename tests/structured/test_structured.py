@@ -95,7 +95,11 @@ def test_accepted_drafts_under_a_grammar(agree_dir, trained_head):
     outs, lps = {}, {}
     for name, kw in {"off": {}, "chain": dict(draft=trained_head, speculation="always", num_steps=4),
                      "tree": dict(draft=trained_head, speculation="always", num_steps=3, topk=2,
-                                  num_draft_tokens=6)}.items():
+                                  num_draft_tokens=6),
+                     # grammar steps are planned ahead like any other (their mask is built once the
+                     # step before is read back): the same with every step waited for
+                     "chain-serial": dict(draft=trained_head, speculation="always", num_steps=4,
+                                          overlap=False)}.items():
         llm = LLM(agree_dir, device="cpu", dtype="float32", **kw)
         llm.engine.grammars = GrammarCache.from_vocab(pieces, stop_token_ids=[1])
         res = llm.generate(prompts, params)
@@ -103,10 +107,11 @@ def test_accepted_drafts_under_a_grammar(agree_dir, trained_head):
         lps[name] = [o.logprobs for o in res[-2:]]
         if name != "off":
             assert llm.stats()["accepted_tokens"] > 0, name
-    assert outs["chain"] == outs["off"] and outs["tree"] == outs["off"]
+        assert (llm.stats()["overlapped_steps"] > 0) == (name != "chain-serial"), name
+    assert outs["chain"] == outs["off"] and outs["tree"] == outs["off"] and outs["chain-serial"] == outs["off"]
     assert all(t % 3 for o in outs["off"] for t in o)
     assert outs["off"][-2:] != outs["off"][:2]   # the penalties changed the output, within the grammar
-    for name in ("chain", "tree"):
+    for name in ("chain", "tree", "chain-serial"):
         for got, ref in zip(lps[name], lps["off"]):
             assert [lp for lp, _ in got] == pytest.approx([lp for lp, _ in ref], abs=1e-4)
     alts = [t for o in lps["off"] for _, top in o for t, _ in top]
