@@ -7,7 +7,8 @@ the plain run measured in the same process. Writes JSON.
 
 `--shape llama-8b`: Llama-3.1-8B's shape with random weights (`load_format=dummy`) and a
 simulated acceptance rate (the cost side is real, the acceptance is not); greedy requests, so
-the plain run replays the post-forward CUDA graphs, and the other two run it eagerly.
+the plain and logprobs runs replay the post-forward CUDA graphs (logprobs: the graphs that
+compute every row's), and the penalties run it eagerly.
 Target (issue 24): logprobs cost at most 5% (ratio >= 0.95).
 """
 from __future__ import annotations
@@ -49,6 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--waves", type=int, default=1, help="requests per run = waves x batch (longer, steadier runs)")
     p.add_argument("--out", default="sampling_features_cost.json")
     a = p.parse_args(argv)
     model, draft = write_shape_dirs(a.shape)
@@ -56,7 +58,7 @@ def main(argv=None) -> int:
     llm = LLM(model, draft=draft, speculation="always", num_steps=a.num_steps, device=a.device,
               load_format="dummy", spec_simulate_accept_rate=a.accept_rate, max_num_seqs=a.batch)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, vocab, (a.input_len,), generator=g).tolist() for _ in range(a.batch)]
+    prompts = [torch.randint(0, vocab, (a.input_len,), generator=g).tolist() for _ in range(a.batch * a.waves)]
     results: dict[str, list] = {k: [] for k in VARIANTS}
     for _ in range(a.repeats):   # interleaved, so drift hits every variant alike
         for name, extra in VARIANTS.items():

@@ -98,13 +98,19 @@ def token_logprobs(logits: torch.Tensor, path: torch.Tensor, emitted: torch.Tens
     `logits` [L, N, V] raw target logits of the nodes; the token emitted at depth d was chosen
     at node path[:, d]."""
     L, N, V = logits.shape
-    rows = logits.gather(1, path.unsqueeze(2).expand(-1, -1, V))
-    lsm = torch.log_softmax(rows.float(), dim=-1)
-    own = lsm.gather(2, emitted.unsqueeze(2))
+    return _logprob_rows(logits.gather(1, path.unsqueeze(2).expand(-1, -1, V)), emitted, k)
+
+
+def _logprob_rows(rows: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
+    """[..., 1 + 2k]: log-softmax of `rows` [..., V] (raw logits) at `targets` [...], then the
+    top k. As logit - logsumexp, the top k taken on the raw logits (the same order): no
+    vocabulary-wide float32 log-softmax is written."""
+    lse = torch.logsumexp(rows.float(), dim=-1, keepdim=True)
+    own = rows.gather(-1, targets.unsqueeze(-1)).float() - lse
     if k == 0:
         return own
-    top = lsm.topk(k, dim=-1)
-    return torch.cat([own, top.values, top.indices.float()], dim=2)
+    top = rows.topk(k, dim=-1)
+    return torch.cat([own, top.values.float() - lse, top.indices.float()], dim=-1)
 
 
 def unpack_logprobs(rows: list, k: int) -> list[tuple[float, list[tuple[int, float]]]]:
@@ -135,12 +141,7 @@ def prompt_logprobs(lm_head, hidden: torch.Tensor, rows: list, k: int) -> torch.
     prompt tokens each query row predicts."""
     q = torch.tensor([x for _, _, rs, _ in rows for x in rs], dtype=torch.long).to(hidden.device)
     tgt = torch.tensor([x for _, _, _, ts in rows for x in ts], dtype=torch.long).to(hidden.device)
-    lsm = torch.log_softmax(lm_head(hidden[q]).float(), dim=-1)
-    own = lsm.gather(1, tgt.unsqueeze(1))
-    if k == 0:
-        return own
-    top = lsm.topk(k, dim=-1)
-    return torch.cat([own, top.values, top.indices.float()], dim=1)
+    return _logprob_rows(lm_head(hidden[q]), tgt, k)
 
 
 def attach_logprobs(plan, verify: list, lp, results: list, every_row: bool = False) -> None:

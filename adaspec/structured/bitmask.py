@@ -62,6 +62,7 @@ def step_bitmask(out: torch.Tensor, grammars: list, N: int, tokens: np.ndarray |
     draft tokens (None: no drafts this step), `parents` [B, N] their tree (None: chains),
     `limit` [B] each request's own depth."""
     out.fill_(-1)
+    drafted = []
     for k, g in enumerate(grammars):
         if g is None or g.done:   # done: finished by the step before; this step is discarded
             continue
@@ -74,14 +75,29 @@ def step_bitmask(out: torch.Tensor, grammars: list, N: int, tokens: np.ndarray |
             first, sib = _chain_links(N, depth)
         else:
             first, sib = (torch.tensor(x, dtype=torch.int64) for x in _tree_links(parents[k], depth))
-        view = out[k * N:(k + 1) * N]
-        m.traverse_draft_tree(first, sib, torch.from_numpy(np.ascontiguousarray(tokens[k], dtype=np.int64)), view)
-        # Unreached draft nodes (all bits clear) allow everything: see the module docstring.
-        # The root row stays as it is: all clear there means the grammar cannot go on in this
-        # vocabulary, and the request ends with an error when its token is not accepted.
-        dead = (view[1:] == 0).all(dim=1)
-        if dead.any():
-            view[1:][dead] = -1
+        m.traverse_draft_tree(first, sib, torch.from_numpy(np.ascontiguousarray(tokens[k], dtype=np.int64)),
+                              out[k * N:(k + 1) * N])
+        drafted.append(k)
+    if drafted and N > 1:
+        _revive_rejected(out.numpy().reshape(-1, N, out.shape[1]), np.asarray(drafted), tokens, parents)
+
+
+def _revive_rejected(mask: np.ndarray, ks: np.ndarray, tokens: np.ndarray, parents: np.ndarray | None) -> None:
+    """xgrammar clears every bit of a node whose own draft token its parent forbids (and leaves
+    the nodes below it as they were: all set). Such a node is never reached by verification:
+    it must allow everything (the module docstring says why). Found with one bit per node, the
+    node's token in its parent's row: the root row is kept as it is (all clear there means the
+    grammar cannot go on in this vocabulary, and the request ends with an error when its token
+    is not accepted). `mask` [B, N, W] is the step's bitmask, `ks` its drafted requests."""
+    N = mask.shape[1]
+    tok = tokens[ks, 1:].astype(np.int64)
+    if parents is None:
+        par = np.broadcast_to(np.arange(N - 1), tok.shape)
+    else:
+        par = np.clip(parents[ks, 1:], 0, None)
+    bit = (mask[ks[:, None], par, tok >> 5] >> (tok & 31).astype(np.int32)) & 1
+    kk, jj = np.nonzero(bit == 0)
+    mask[ks[kk], jj + 1] = -1
 
 
 _SHIFTS: dict = {}
