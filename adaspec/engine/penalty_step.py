@@ -117,7 +117,15 @@ def unpack_logprobs(rows: list, k: int) -> list[tuple[float, list[tuple[int, flo
     """One request's `token_logprobs` rows (host lists) as (logprob, [(token id, logprob)] * k)
     per emitted token."""
     K = (len(rows[0]) - 1) // 2 if rows else 0
-    return [(r[0], [(int(r[1 + K + j]), r[1 + j]) for j in range(k)]) for r in rows]
+    return [(r[0], list(zip(map(int, r[1 + K:1 + K + k]), r[1:1 + k]))) for r in rows]
+
+
+def _first_k(lp: torch.Tensor, k: int) -> torch.Tensor:
+    """Logprob rows [..., 1 + 2K] cut to [..., 1 + 2k] (k <= K): what the host converts."""
+    K = (lp.shape[-1] - 1) // 2
+    if k >= K:
+        return lp
+    return torch.cat([lp[..., :1 + k], lp[..., 1 + K:1 + K + k]], dim=-1)
 
 
 def prompt_logprob_rows(plan, lay) -> list[tuple[int, int, list[int], list[int]]]:
@@ -150,7 +158,9 @@ def attach_logprobs(plan, verify: list, lp, results: list, every_row: bool = Fal
     them) on their StepResults, one entry per emitted token."""
     asked = [(k, i) for k, i in enumerate(verify) if plan.scheduled[i].req.params.logprobs is not None]
     if every_row:
-        lp = lp[[k for k, _ in asked]]
+        if len(asked) < lp.shape[0]:   # (index_select: list indexing costs ms on the host)
+            lp = lp.index_select(0, torch.tensor([k for k, _ in asked]))
+    lp = _first_k(lp, max(plan.scheduled[i].req.params.logprobs for _, i in asked))
     for (_, i), rows in zip(asked, lp.tolist()):
         results[i].logprobs = unpack_logprobs(rows[:len(results[i].emitted)], plan.scheduled[i].req.params.logprobs)
 
