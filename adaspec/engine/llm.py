@@ -59,13 +59,14 @@ class LLM:
                 self.engine.abort_request(rid)
             raise
         done: dict[str, RequestOutput] = {}
+        wanted = set(ids)
         bar = None
         if use_tqdm:
             from tqdm import tqdm
             bar = tqdm(total=len(ids), desc="generate")
         while len(done) < len(ids):
             for out in self.engine.step():
-                if out.finished and out.request_id in ids:
+                if out.finished and out.request_id in wanted:
                     done[out.request_id] = out
                     if bar:
                         bar.update(1)
