@@ -39,6 +39,7 @@ import torch
 
 from adaspec.config import EngineConfig
 from adaspec.device.select import resolve_backend, resolve_device
+from adaspec.device.landing import Landing
 from adaspec.device.shift import Shift
 from adaspec.device.staging import Staging
 from adaspec.engine.cuda_graph import CudaGraphs, GraphInputs
@@ -57,6 +58,7 @@ from adaspec.layers.attention import ForwardContext, forward_context, get_backen
 from adaspec.models.loader import load_model
 from adaspec.parallel import Shard, TPGroup
 from adaspec.parallel.layers import parallelize
+from adaspec.sampling import MAX_LOGPROBS
 from adaspec.spec_decode.drafter import TreeDrafter
 from adaspec.spec_decode.simulated import simulated_draws
 
@@ -198,9 +200,9 @@ class ModelRunner:
         # never overwrites step N's before `collect` read it.
         width = 2 + 2 * max(self.max_draft + 1, n)   # count | emitted [N] | path [N] | depth
         pin = self.device.type == "cuda"
-        self._out_host = [torch.empty(sc.max_num_seqs * width, dtype=torch.int64, pin_memory=pin)
-                          for _ in range(2)]
-        self._out_flip = 0
+        self._out_host = Landing(sc.max_num_seqs * width, torch.int64, pin)
+        lp_width = (self.max_draft + 1) * (1 + 2 * MAX_LOGPROBS)   # token_logprobs rows of a request
+        self._lp_host = Landing(sc.max_num_seqs * lp_width, torch.float32, pin)
         refresh = None
         if self.draft is not None:
             bt, pr = self.rows.block_table, self.rows.pad_row
@@ -297,19 +299,18 @@ class ModelRunner:
         with self._tp_step():
             out, lp = self.post_half(prog, fwd)
         step.all_lp = prog.post is not None and lp is not None
-        if out is not None and self.device.type == "cuda":
-            host = self._out_host[self._out_flip][: out.numel()].view(out.shape)
-            self._out_flip ^= 1
-            host.copy_(out, non_blocking=True)
-            out = host
-        elif out is not None:   # a graph's static output is overwritten by the next step
-            out = out.clone()
-        if lp is not None:      # the emitted tokens' rows only: small (a clone on CPU: a graph's
-            lp = lp.to("cpu", non_blocking=True) if lp.is_cuda else lp.clone()   # is overwritten)
+        out, lp = self._to_host(out, self._out_host), self._to_host(lp, self._lp_host)
         if self._prompt_lp is not None:
             rows, t = self._prompt_lp
             step.prompt_lp = (rows, t.to("cpu", non_blocking=True))
         step.out, step.lp, step.end = out, lp, self._timer_mark()
+
+    def _to_host(self, t: torch.Tensor | None, landing: Landing) -> torch.Tensor | None:
+        """A step output copied to the host without waiting (a clone on the CPU: a graph's
+        static output is overwritten by the next step)."""
+        if t is None:
+            return None
+        return landing.copy(t) if self.device.type == "cuda" else t.clone()
 
     def collect(self, step: Launched) -> list[StepResult]:
         """Wait for a launched step and return its results (one per scheduled request);
