@@ -50,6 +50,7 @@ from adaspec.engine.grammar_step import GrammarMasks, grammar_available, grammar
 from adaspec.engine.scheduler import StepPlan, StepResult
 from adaspec.engine.step_layout import StepLayout, forward_inputs, layout_step, shifted_rows, stage_forward_inputs
 from adaspec.engine.kernel_warm_up import warm_up_kernels
+from adaspec.engine.kv_memory import kv_bytes_per_block, num_kv_blocks
 from adaspec.engine.penalty_step import attach_logprobs, attach_prompt_logprobs, prompt_logprob_rows, \
     prompt_logprobs
 from adaspec.engine.step_program import ProgramCodec, StepProgram, phase
@@ -61,9 +62,6 @@ from adaspec.parallel.layers import parallelize
 from adaspec.sampling import MAX_LOGPROBS
 from adaspec.spec_decode.drafter import TreeDrafter
 from adaspec.spec_decode.simulated import simulated_draws
-
-CPU_DEFAULT_KV_BYTES = 128 * 2**20
-
 
 @dataclass
 class Launched:
@@ -112,7 +110,8 @@ class ModelRunner:
         self.model.capture = self.draft.aux_layers if self.draft is not None else ()
         ms = self.local_spec   # this rank's heads (all of them without tensor parallelism)
         self.group = ms.num_heads // ms.num_kv_heads
-        self.num_blocks = self._num_blocks()
+        self.num_blocks = num_kv_blocks(self.cfg, self.device, kv_bytes_per_block(
+            self.dtype, self.local_spec, self.draft, self.block_size), self.model_spec.max_position)
         if tp is not None:   # KV capacity profiled on every rank: the minimum wins
             self.num_blocks = min(tp.exchange(self.num_blocks))
         # One block more than the scheduler hands out: padding requests of CUDA graphs map
@@ -234,29 +233,6 @@ class ModelRunner:
             trees=self.trees.drafter if self.trees is not None else None, draft_cache=self.draft_cache,
             draft_hidden_size=d.spec.hidden_size if d is not None else 0, draft_layers=d.num_layers if d else 0,
             dtype=self.dtype, device=self.device))
-
-    # ---- memory ---------------------------------------------------------------------------
-    def bytes_per_block(self) -> int:
-        el = torch.tensor([], dtype=self.dtype).element_size()
-        ms = self.local_spec   # this rank's KV heads
-        per_tok = 2 * ms.num_layers * ms.num_kv_heads * ms.head_dim * el
-        if self.draft is not None:
-            per_tok += 2 * self.draft.num_layers * self.draft.spec.num_kv_heads * self.draft.spec.head_dim * el
-        return per_tok * self.block_size
-
-    def _num_blocks(self) -> int:
-        c = self.cfg.cache
-        if c.num_blocks is not None:
-            return c.num_blocks
-        budget = c.memory_bytes
-        if budget is None:
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                budget = int(free * c.gpu_memory_utilization) - 4 * 2**30  # activations, graphs
-            else:
-                budget = CPU_DEFAULT_KV_BYTES
-        useful = self.cfg.scheduler.max_num_seqs * (self.model_spec.max_position // self.block_size + 2)
-        return max(1, min(budget // self.bytes_per_block(), useful))
 
     # ---- the step -------------------------------------------------------------------------
     def execute(self, plan: StepPlan) -> list[StepResult]:
