@@ -98,7 +98,11 @@ def token_logprobs(logits: torch.Tensor, path: torch.Tensor, emitted: torch.Tens
     `logits` [L, N, V] raw target logits of the nodes; the token emitted at depth d was chosen
     at node path[:, d]."""
     L, N, V = logits.shape
-    return _logprob_rows(logits.gather(1, path.unsqueeze(2).expand(-1, -1, V)), emitted, k)
+    # The chosen nodes' rows by one index_select (a gather over an expanded [L, D+1, V] index
+    # would read V indices per row).
+    at = (torch.arange(L, device=path.device).unsqueeze(1) * N + path).reshape(-1)
+    rows = logits.reshape(L * N, V).index_select(0, at).view(L, -1, V)
+    return _logprob_rows(rows, emitted, k)
 
 
 def _logprob_rows(rows: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
