@@ -59,7 +59,8 @@ def main() -> int:
 
     target, draft = write_shape_dirs(a.shape)
     llm = LLM(target, draft=draft, load_format="dummy", device=a.device, dtype=a.dtype, max_num_seqs=a.concurrency,
-              speculation="always", num_steps=3, spec_simulate_accept_rate=0.7)
+              speculation="always", num_steps=3, spec_simulate_accept_rate=0.7,
+              enable_prefix_caching=False)   # every run prefills its prompts (not only the first)
     vocab = llm.engine.vocab_size
     pieces = raw_vocab(vocab)
     llm.engine.grammars = GrammarCache.from_vocab(pieces, stop_token_ids=[pieces.index("</s>")])
