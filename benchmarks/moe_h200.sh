@@ -7,7 +7,7 @@
 # Needs moe_physics_probe.py at .carry/moe_physics_probe.py (copied from ../shared/tools by
 # the caller: ../shared does not travel to the device). Parts, in order:
 #   1. GPU conformance of the fused-MoE kernel vs the torch reference (fp32 + bf16, graphs)  ~1.5 min
-#   2. launch-parameter sweep per batch bucket -> moe_sweep.json, moe_configs.json           ~3 min
+#   2. launch-parameter sweep per batch bucket, both MoE paths -> moe_sweep.json, moe_configs.json ~3 min
 #   3. moe_physics_probe.py: torch grouped-GEMM reference and the roofline                   ~1.5 min
 #   4. gpu_fast_path.py --shape qwen3-30b-a3b: decode (off) and verify (chain3) engine steps
 #      at b = 1, 16, 64, 256 with dummy weights, against the probe's roofline, using the

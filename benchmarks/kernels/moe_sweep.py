@@ -2,10 +2,14 @@
 per batch bucket, on a GPU, at the Qwen3-30B-A3B expert shape by default (E 128, H 2048, I 768,
 top-8, bf16; random router logits, so the experts a batch touches are near the uniform case).
 
-For each token count T (decode b = 1, 16, 64, 256 at q = 1 and 4, and a prefill chunk) it
-times every candidate (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the whole expert
-computation (alignment, gate/up, down, reduction), 20 calls replayed from one CUDA graph, best
-of 5 replays; each candidate's output is checked against the default launch's. Also reported:
+For each token count T (decode b = 1, 8, 16, 64, 256 at q = 1 and 4, and a prefill chunk) it
+times every candidate launch of the path the dispatch takes there (`use_small_path`): aligned
+(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), the whole expert computation (alignment,
+gate/up, down, reduction), or small (gate/up BLOCK_N, BLOCK_K, DOWN_BLOCK_N, DOWN_BLOCK_K,
+num_warps, num_stages: the two launches), 20 calls replayed from one CUDA graph, best of 5
+replays; each candidate's output is checked against the default launch's. Near the small
+path's limit (pairs <= 4 x SMALL_MAX_PAIRS) the other path's default launch is timed too
+("other_path_us"), which is what says whether SMALL_MAX_PAIRS sits right. Also reported:
 the bytes the touched experts occupy over the time (GB/s), and torch's grouped GEMM on the same
 routing (as moe_physics_probe.py computes it) where this torch has it.
 
@@ -23,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from adaspec.layers.moe import RouterConfig, route
-from adaspec.layers.moe.triton_kernels import fused_experts_triton, launch_config
+from adaspec.layers.moe.triton_kernels import SMALL_MAX_PAIRS, fit_small, fused_experts_triton, plan
 from bench_attention import graph_us   # (benchmarks/kernels/: one CUDA-graph timer for every sweep)
 
 SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "mixtral-8x7b": (8, 4096, 14336, 2),
@@ -38,6 +42,17 @@ def candidates(pairs: int):
         if bm <= 16 and bn == 128 and nw == 8:
             continue
         yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns}
+
+
+def small_candidates(top_k: int):
+    """Small-path launches, fitted (fit_small) and deduplicated, the likelier ones first."""
+    seen = []
+    for ns, nw, bn, bk, dbn, dbk in itertools.product([3, 4, 2], [4, 8], [16, 32], [256, 128], [8, 16], [128, 64]):
+        c = fit_small({"BLOCK_N": bn, "BLOCK_K": bk, "DOWN_BLOCK_N": dbn, "DOWN_BLOCK_K": dbk,
+                       "num_warps": nw, "num_stages": ns}, top_k, 2)
+        if c not in seen:
+            seen.append(c)
+            yield c
 
 
 def grouped_mm_moe(x, w13_t, w2_t, weights, ids):
@@ -60,7 +75,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", required=True)
     ap.add_argument("--configs-out", default=None, help="write the best launch per bucket (moe_configs.json format)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
-    ap.add_argument("--tokens", default="1,4,16,64,256,1024,4096")
+    ap.add_argument("--tokens", default="1,4,8,16,64,256,1024,4096")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budget-s", type=float, default=170.0, help="stop sweeping after this many seconds")
     a = ap.parse_args(argv)
@@ -77,7 +92,7 @@ def main(argv=None) -> int:
         grouped_ok = False
     tokens = [int(t) for t in a.tokens.split(",")]
     t_start = time.perf_counter()
-    records, best = [], {}
+    records, best = [], {"aligned": {}, "small": {}}
     for n_done, T in enumerate(tokens):
         # Each token count gets its share of the budget (and what earlier ones left).
         deadline = t_start + a.budget_s * (n_done + 1) / len(tokens)
@@ -86,24 +101,28 @@ def main(argv=None) -> int:
         weights = weights.to(dt)
         pairs = T * K
         touched = int(torch.unique(ids).numel())
-        default_cfg = launch_config(pairs, E, H, I)
-        ref = fused_experts_triton(x, w13, w2, weights, ids, default_cfg)
-        rec = {"T": T, "pairs": pairs, "distinct_experts": touched, "default": default_cfg,
-               "default_us": graph_us(lambda: fused_experts_triton(x, w13, w2, weights, ids, default_cfg)),
+        path, default_cfg = plan(T, K, E, H, I, 2)
+        ref = fused_experts_triton(x, w13, w2, weights, ids, default_cfg, path=path)
+        rec = {"T": T, "pairs": pairs, "path": path, "distinct_experts": touched, "default": default_cfg,
+               "default_us": graph_us(lambda: fused_experts_triton(x, w13, w2, weights, ids, default_cfg, path=path)),
                "bytes_touched_MB": touched * expert_bytes / 1e6, "candidates": []}
+        if pairs <= 4 * SMALL_MAX_PAIRS:   # the crossover: the other path's default launch
+            other, other_cfg = plan(T, K, E, H, I, 2, "aligned" if path == "small" else "small")
+            rec["other_path"], rec["other_path_us"] = other, graph_us(
+                lambda: fused_experts_triton(x, w13, w2, weights, ids, other_cfg, path=other))
         if grouped_ok:
             try:
                 rec["grouped_mm_us"] = graph_us(lambda: grouped_mm_moe(x, w13_t, w2_t, weights, ids))
             except Exception as ex:  # noqa: BLE001 - a reference that does not run is reported, not fatal
                 rec["grouped_mm_us"] = f"error: {ex}"[:160]
-        for cfg in candidates(pairs):
+        for cfg in (small_candidates(K) if path == "small" else candidates(pairs)):
             if time.perf_counter() > deadline:
                 rec["truncated"] = True
                 break
             try:
-                out = fused_experts_triton(x, w13, w2, weights, ids, cfg)
+                out = fused_experts_triton(x, w13, w2, weights, ids, cfg, path=path)
                 err = float((out.float() - ref.float()).abs().max())
-                us = graph_us(lambda cfg=cfg: fused_experts_triton(x, w13, w2, weights, ids, cfg))
+                us = graph_us(lambda cfg=cfg: fused_experts_triton(x, w13, w2, weights, ids, cfg, path=path))
             except Exception as ex:  # noqa: BLE001 - e.g. out of shared memory: skip the candidate
                 rec["candidates"].append({**cfg, "error": f"{type(ex).__name__}: {ex}"[:120]})
                 continue
@@ -113,20 +132,25 @@ def main(argv=None) -> int:
             top = min(ok, key=lambda c: c["us"])
             rec["best"] = top
             rec["best_GBps"] = rec["bytes_touched_MB"] * 1e6 / (top["us"] * 1e-6) / 1e9
-            best[pairs] = {k: top[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")}
+            best[path][pairs] = {k: v for k, v in top.items() if k not in ("us", "max_abs_diff")}
         records.append(rec)
-        print(f"T={T} pairs={pairs} experts={touched}: default {rec['default_us']:.1f} us, best "
-              f"{rec.get('best', {}).get('us', float('nan')):.1f} us {rec.get('best')}, grouped_mm "
+        print(f"T={T} pairs={pairs} experts={touched} {path}: default {rec['default_us']:.1f} us, best "
+              f"{rec.get('best', {}).get('us', float('nan')):.1f} us {rec.get('best')}, "
+              f"{rec.get('other_path')} default {rec.get('other_path_us')} us, grouped_mm "
               f"{rec.get('grouped_mm_us')}", flush=True)
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if dev == "cuda" else dev, "shape": a.shape,
                        "E_H_I_K": [E, H, I, K],
                        "records": records}, f, indent=1)
-    if a.configs_out and best:
-        table = {str(p): c for p, c in sorted(best.items())}
-        table[str(1 << 62)] = best[max(best)]
+    if a.configs_out and any(best.values()):
+        tables = {}
+        for path, found in best.items():   # keys as triton_kernels._table reads them
+            if found:
+                table = {str(p): c for p, c in sorted(found.items())}
+                table[str(1 << 62)] = found[max(found)]
+                tables[f"E{E}_H{H}_I{I}" + ("_small" if path == "small" else "")] = table
         with open(a.configs_out, "w") as f:
-            json.dump({f"E{E}_H{H}_I{I}": table}, f, indent=1)
+            json.dump(tables, f, indent=1)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Fused-MoE on the GPU (skipped without one): the Triton kernel against the per-expert
-reference in fp32 and bf16 across batch buckets, inside a CUDA graph, and a tiny MoE model
-served with graphs equal to transformers."""
+reference in fp32 and bf16 across batch buckets (both paths: the small one for decode-sized
+pair counts, the aligned one beyond), both paths against the rounding contract bit for bit in
+bf16, inside a CUDA graph, and a tiny MoE model served with graphs equal to transformers."""
 from __future__ import annotations
 
 import sys
@@ -14,8 +15,11 @@ from adaspec.layers.moe import RouterConfig, fused_experts_ref, route
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (moe_models, conftest)
 
-CASES = [  # T, E, H, I, router
+CASES = [  # T, E, H, I, router (use_small_path: the first four and the top-1 case take the small path)
     (1, 128, 2048, 768, RouterConfig("softmax", 128, 8, renormalize=True)),       # Qwen3-30B-A3B decode b=1
+    (3, 128, 2048, 768, RouterConfig("softmax", 128, 8, renormalize=True)),
+    (8, 128, 2048, 768, RouterConfig("softmax", 128, 8, renormalize=True)),       # 64 pairs: the small limit
+    (1, 8, 1024, 1408, RouterConfig("softmax", 8, 2, renormalize=True)),          # Mixtral-like decode b=1
     (64, 128, 2048, 768, RouterConfig("softmax", 128, 8, renormalize=True)),
     (1024, 128, 2048, 768, RouterConfig("softmax", 128, 8, renormalize=True)),    # verify b=256 q=4
     (3000, 128, 2048, 768, RouterConfig("softmax", 128, 8, renormalize=True)),    # a prefill chunk
@@ -60,11 +64,35 @@ def test_kernel_matches_reference_on_cuda(case, dtype):
         assert_as_close_as_reference(got, x, w13, w2, weights, ids)
 
 
-def test_kernel_replays_in_a_cuda_graph_with_new_routing():
-    """Alignment, GEMMs and reduction captured once; replayed after the routing changed in place."""
+@pytest.mark.parametrize("path", ["small", "aligned"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 3, 8])
+def test_paths_keep_the_rounding_contract_on_cuda(T, dtype, path):
+    """At the Qwen3-30B-A3B shape both paths equal the rounding contract written out in torch
+    (tests/moe_oracle.py) in bf16 bit for bit but for a few elements (fp32 sum orders), so the
+    small path computes what the aligned one does; fp32 to fp32 rounding."""
+    from moe_oracle import contract_ref, round_nearest
+
     from adaspec.layers.moe.triton_kernels import fused_experts_triton
 
-    T, E, H, I, cfg = CASES[1]
+    x, w13, w2, weights, ids = _inputs(T, *CASES[0][1:], dtype)
+    got = fused_experts_triton(x, w13, w2, weights, ids, round_weights=True, path=path).float()
+    ref = contract_ref(x, w13, w2, weights, ids, round_nearest(dtype), round_weights=True)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+        return
+    equal = float((got == ref).float().mean())
+    assert equal >= 0.95, f"{path}: only {equal:.3f} of the outputs equal the contract"
+    torch.testing.assert_close(got, ref, rtol=2 ** -7, atol=2 ** -7 * float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("case", [0, 4])   # T = 1 (small path), T = 64 (aligned path)
+def test_kernel_replays_in_a_cuda_graph_with_new_routing(case):
+    """Alignment (aligned path), GEMMs and reduction captured once; replayed after the routing
+    changed in place."""
+    from adaspec.layers.moe.triton_kernels import fused_experts_triton
+
+    T, E, H, I, cfg = CASES[case]
     x, w13, w2, weights, ids = _inputs(T, E, H, I, cfg, torch.bfloat16)
     weights = weights.to(torch.bfloat16)
     fused_experts_triton(x, w13, w2, weights, ids)  # compile outside the capture

@@ -126,8 +126,9 @@ KERNEL_CASES = {  # name: (T, E, H, I, router config or "uneven")
 
 
 @needs_triton
+@pytest.mark.parametrize("path", ["small", "aligned"])
 @pytest.mark.parametrize("case", sorted(KERNEL_CASES))
-def test_fused_moe_kernel_matches_reference(case):
+def test_fused_moe_kernel_matches_reference(case, path):
     from adaspec.layers.moe.triton_kernels import fused_experts_triton
 
     T, E, H, I, cfg = KERNEL_CASES[case]
@@ -140,8 +141,85 @@ def test_fused_moe_kernel_matches_reference(case):
     else:
         weights, ids = route(torch.randn(T, E, generator=g), cfg, torch.randn(E, generator=g) * 0.3)
     ref = fused_experts_ref(x, w13, w2, weights, ids)
-    got = fused_experts_triton(x, w13, w2, weights, ids)
+    got = fused_experts_triton(x, w13, w2, weights, ids, path=path)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+# T, k, E, H, I, ids ("route": softmax top-k; "uneven": _uneven_ids, repeats and empty experts),
+# small-path launch (None: the default, whose tiles exceed these H and I: one masked step;
+# "tiny": 16-wide K steps, so the loops run several masked steps)
+SMALL_CASES = [(1, 1, 8, 32, 24, "route", None), (1, 2, 8, 48, 40, "route", "tiny"),
+               (1, 8, 16, 48, 40, "route", "tiny"), (2, 8, 16, 32, 24, "uneven", None),
+               (3, 2, 10, 40, 24, "uneven", "tiny"), (7, 1, 10, 32, 24, "uneven", None),
+               (7, 2, 16, 32, 40, "route", "tiny"), (3, 3, 8, 32, 24, "uneven", None)]   # k = 3: padded slots
+TINY_SMALL = {"BLOCK_N": 16, "BLOCK_K": 16, "DOWN_BLOCK_N": 8, "DOWN_BLOCK_K": 16}
+
+
+def _small_inputs(T, k, E, H, I, kind, dtype=torch.float32, seed=2):
+    w13, w2 = _experts(E, H, I, seed=seed, dtype=dtype)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(T, H, generator=g).to(dtype)
+    if kind == "uneven":
+        return x, w13, w2, torch.rand(T, k, generator=g), _uneven_ids(T, k, E)
+    return (x, w13, w2) + route(torch.randn(T, E, generator=g), RouterConfig("softmax", E, k, renormalize=True))
+
+
+@needs_triton
+@pytest.mark.parametrize("case", range(len(SMALL_CASES)))
+def test_small_path_matches_reference(case):
+    """fp32: the small path (one row block per pair, the top-k sum inside the down kernel)
+    equals the per-expert loop for top-1/2/3/8, T = 1..7, repeated and empty experts."""
+    from adaspec.layers.moe.triton_kernels import fused_experts_triton
+
+    T, k, E, H, I, kind, launch = SMALL_CASES[case]
+    x, w13, w2, weights, ids = _small_inputs(T, k, E, H, I, kind)
+    got = fused_experts_triton(x, w13, w2, weights, ids, TINY_SMALL if launch else None, path="small")
+    torch.testing.assert_close(got, fused_experts_ref(x, w13, w2, weights, ids), rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", [1, 2, 4, 7])
+def test_small_path_keeps_the_rounding_contract(case, dtype):
+    """Reduced precision: the small path equals the rounding contract written out in torch
+    (moe_oracle.contract_ref) bit for bit, and so does the aligned path, so the two paths are
+    equal, not merely close. fp16 and bf16 with the rounding Triton applies here (the
+    interpreter rounds bf16 toward zero; its tl.dot in bf16 is broken, so the aligned path only
+    runs in fp16 here); a tolerance of one ulp on a few elements covers fp32 sum orders."""
+    from moe_oracle import contract_ref, round_nearest, triton_bf16_rounding
+
+    from adaspec.layers.moe.triton_kernels import fused_experts_triton
+
+    T, k, E, H, I, kind, launch = SMALL_CASES[case]
+    x, w13, w2, weights, ids = _small_inputs(T, k, E, H, I, kind, dtype)
+    round_to = triton_bf16_rounding() if dtype == torch.bfloat16 else round_nearest(dtype)
+    ref = contract_ref(x, w13, w2, weights, ids, round_to, round_weights=True)
+    paths = ["small", "aligned"] if dtype == torch.float16 else ["small"]
+    for path in paths:
+        cfg = (TINY_SMALL if path == "small" else {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}) if launch else None
+        got = fused_experts_triton(x, w13, w2, weights, ids, cfg, round_weights=True, path=path).float()
+        assert float((got == ref).float().mean()) >= 0.95, path
+        ulp = 2.0 ** -(10 if dtype == torch.float16 else 7)
+        torch.testing.assert_close(got, ref, rtol=ulp, atol=ulp * float(ref.abs().max()))
+
+
+@needs_triton
+def test_dispatch_takes_the_small_path_for_few_pairs(monkeypatch):
+    """No alignment kernel (and no reduce) where use_small_path says so; the aligned path beyond."""
+    from adaspec.layers.moe import triton_kernels as tk
+
+    assert tk.use_small_path(1, 8, 128) and tk.use_small_path(8, 8, 128) and not tk.use_small_path(9, 8, 128)
+    assert tk.use_small_path(1, 8, 8) and not tk.use_small_path(2, 8, 16)   # N > E/2: repeats expected
+    calls = []
+    real_align = tk.align
+    monkeypatch.setattr(tk, "align", lambda *a: calls.append(1) or real_align(*a))
+    w13, w2 = _experts(16, 32, 24)
+    for T, want in ((1, 0), (2, 1)):
+        weights, ids = route(torch.randn(T, 16), RouterConfig("softmax", 16, 8, renormalize=True))
+        x = torch.randn(T, 32)
+        got = tk.fused_experts_triton(x, w13, w2, weights, ids)
+        torch.testing.assert_close(got, fused_experts_ref(x, w13, w2, weights, ids), rtol=1e-5, atol=1e-5)
+        assert len(calls) == want, T
 
 
 @needs_triton
@@ -176,7 +254,11 @@ def test_kernel_launch_parameters_do_not_change_the_result():
     weights, ids = route(torch.randn(T, E), RouterConfig("softmax", 8, 2, renormalize=True))
     ref = fused_experts_ref(x, w13, w2, weights, ids)
     for cfg in ({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32}):
-        torch.testing.assert_close(fused_experts_triton(x, w13, w2, weights, ids, cfg), ref, rtol=1e-5, atol=1e-5)
+        got = fused_experts_triton(x, w13, w2, weights, ids, cfg, path="aligned")
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    for cfg in (TINY_SMALL, {"BLOCK_N": 32, "BLOCK_K": 32, "DOWN_BLOCK_N": 16, "DOWN_BLOCK_K": 64, "num_stages": 2}):
+        got = fused_experts_triton(x, w13, w2, weights, ids, cfg, path="small")
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
 @needs_triton
@@ -225,19 +307,31 @@ def test_fused_softmax_router_matches_torch(E, k, renorm):
 
 
 @needs_triton
-def test_warm_up_runs_every_bucket(monkeypatch):
+@pytest.mark.parametrize("top_k", [1, 2, 8])
+def test_warm_up_runs_every_launch_once(monkeypatch, top_k):
+    """warm_up makes one call per distinct (path, launch config) that the dispatch picks for
+    1..WARM_UP_MAX_PAIRS pairs, both paths included, with the model's round_weights."""
     from adaspec.layers.moe import triton_kernels as tk
 
     seen = []
-    monkeypatch.setattr(tk, "fused_experts_triton", lambda x, *a, **k: seen.append(x.shape[0]))
-    w13, w2 = _experts(4, 16, 8)
-    assert tk.warm_up(w13, w2, 2, torch.float32) == len(tk._table("E4_H16_I8")) == len(seen)
-    assert len(set(tk.launch_config(t * 2, 4, 16, 8)["BLOCK_M"] for t in seen)) == len(
-        set(c["BLOCK_M"] for c in tk._table("E4_H16_I8").values()))
+
+    def record(x, w13, w2, weights, ids, config=None, round_weights=False, path=None):
+        seen.append((tk.plan(x.shape[0], top_k, 16, 16, 8, 4), round_weights))
+
+    monkeypatch.setattr(tk, "fused_experts_triton", record)
+    w13, w2 = _experts(16, 16, 8)
+    assert tk.warm_up(w13, w2, top_k, torch.float32, round_weights=True) == len(seen)
+    assert all(rw for _, rw in seen)
+    keys = [(p, tuple(sorted(c.items()))) for (p, c), _ in seen]
+    assert len(set(keys)) == len(keys)
+    served = {(p, tuple(sorted(c.items()))) for p, c in
+              (tk.plan(T, top_k, 16, 16, 8, 4) for T in range(1, tk.WARM_UP_MAX_PAIRS // top_k + 1))}
+    assert served == set(keys) and {p for p, _ in keys} == {"small", "aligned"}
 
 
 @needs_triton
-def test_kernel_rounds_weights_to_the_model_dtype_like_the_reference():
+@pytest.mark.parametrize("path", ["small", "aligned"])
+def test_kernel_rounds_weights_to_the_model_dtype_like_the_reference(path):
     """Qwen's routing weights are rounded to the model dtype before the product (fp16 here,
     which the interpreter computes): the kernel's in-load rounding equals the reference's cast."""
     from adaspec.layers.moe.triton_kernels import fused_experts_triton
@@ -249,7 +343,7 @@ def test_kernel_rounds_weights_to_the_model_dtype_like_the_reference():
     weights = weights + 1e-3   # not representable in fp16: rounding matters
     ref = moe_layer.fused_experts(x, w13, w2, weights, ids, round_weights=True)       # reference path (CPU)
     assert not torch.equal(ref, moe_layer.fused_experts(x, w13, w2, weights, ids))
-    got = fused_experts_triton(x, w13, w2, weights, ids, round_weights=True)
+    got = fused_experts_triton(x, w13, w2, weights, ids, round_weights=True, path=path)
     torch.testing.assert_close(got.float(), ref.float(), rtol=2e-3, atol=2e-3)
 
 

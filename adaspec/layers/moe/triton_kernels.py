@@ -1,5 +1,7 @@
-"""Fused-MoE experts in Triton: device-side alignment, grouped gate/up GEMM with SiLU-and-mul,
-grouped down GEMM with the routing weight, and the top-k reduction.
+"""Fused-MoE experts in Triton, two paths picked by the number of (token, slot) pairs N = T*k.
+
+Aligned path (large N): device-side alignment, grouped gate/up GEMM with SiLU-and-mul, grouped
+down GEMM with the routing weight, and the top-k reduction.
 
     align     one program: per-expert counts of the T*k (token, slot) pairs, each expert's
               rows padded to BLOCK_M, and for every padded block its expert and valid row
@@ -9,12 +11,26 @@ grouped down GEMM with the routing weight, and the top-k reduction.
               silu(gate) * up -> inter[T*k, I] indexed by pair (HF's rounding steps).
     down      grid (block, H tile): inter rows times w2[e], times the pair's routing weight
               -> out_k[T*k, H]; blocks past the last expert exit at once.
-    reduce    out[t] = sum_j out_k[t*k + j] (torch's sum; one kernel).
+    reduce    out[t] = sum_j out_k[t*k + j] (torch's sum: fp32 accumulation, one rounding).
+
+Small path (`use_small_path`: decode-sized N; small_batch.py): two launches, no alignment: a
+gate/up GEMV per pair reading its expert straight from the ids, and a down kernel per (token,
+H tile) that holds the token's k slots in one tile and sums them, so the align and reduce
+launches are gone.
+
+Rounding contract (both paths, any float dtype ty): gate and up round to ty, silu rounds, the
+product rounds (HF's steps); the down product rounds to ty, times the weight (rounded to ty
+first if round_weights) rounds to ty; the k terms are summed in fp32 and rounded to ty once.
+The two paths differ only in the order of fp32 sums (inside a dot, and of the k terms), as two
+launch configurations of one path do: in bf16/fp16 they agree bit for bit except where that
+order moves an fp32 value across a rounding boundary (rare); in fp32, to fp32 rounding.
 
 Weights keep Hugging Face's layout: w13 [E, 2I, H] (gate rows then up rows), w2 [E, H, I], so
-tiles of B are read as [BLOCK_K, BLOCK_N] with a strided K (as vLLM's kernel does).
-Launch parameters come from `launch_config(num_pairs)`: a measured table per batch bucket
-(moe_configs.json next to this file, written by benchmarks/kernels/moe_sweep.py) or defaults.
+tiles of B are read as [BLOCK_K, BLOCK_N] with a strided K (as vLLM's kernel does), and the
+small path's GEMV tiles as [BLOCK_N, BLOCK_K] rows with a contiguous K.
+Launch parameters come from `launch_config(num_pairs, ...)`: a measured table per batch
+bucket and path (moe_configs.json next to this file, written by benchmarks/kernels/moe_sweep.py;
+key "E{E}_H{H}_I{I}" for the aligned path, that key + "_small" for the small one) or defaults.
 """
 from __future__ import annotations
 
@@ -25,6 +41,7 @@ from pathlib import Path
 import torch
 
 from adaspec.layers.fused_ops import _next_pow2, triton
+from adaspec.layers.moe.small_batch import experts_small
 
 if triton is not None:
     import triton.language as tl
@@ -36,16 +53,40 @@ DEFAULT_CONFIGS = {
     1024: {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
     1 << 62: {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
 }
+# The small path's (unmeasured) default: BLOCK_N/BLOCK_K the gate/up GEMV tile, DOWN_* the down
+# kernel's per-slot tile. Narrow N tiles because at T = 1 the grid is all the parallelism there
+# is: 8 pairs x 768/16 gate/up programs and 2048/8 down programs at the Qwen3-30B-A3B shape.
+DEFAULT_SMALL_CONFIGS = {
+    1 << 62: {"BLOCK_N": 16, "BLOCK_K": 256, "DOWN_BLOCK_N": 8, "DOWN_BLOCK_K": 128, "num_warps": 4, "num_stages": 3},
+}
+
+# The small path takes N = T*k <= 64 pairs (decode up to b = 8 at top-8, b = 2 verification at
+# q = 4), and with more than one token only N <= E/2. Why: it saves the align and reduce
+# launches (~12 us a layer measured at b = 1 on the H200, 0.37 + 0.22 ms per 48-layer step)
+# but reads an expert once per pair, not once per batch. One token never repeats an expert;
+# with uniform routing N pairs touch E(1 - (1 - 1/E)^N) experts, so N <= E/2 bounds the
+# repeats at 27% of the bytes (E = 128: 0.2 / 3.6 / 13.5 repeated experts at N = 8 / 32 / 64,
+# i.e. 0.4 / 7 / 27 us at 4.8 TB/s if none came from L2). Repeats mostly do come from
+# L2: the grids put the pair (or token) index fastest, so the programs reading one expert's
+# same tile run side by side. But at 64 pairs the saving already depends on that (27 > 12 us),
+# so no higher limit without a measurement (benchmarks/kernels/moe_sweep.py times both paths).
+SMALL_MAX_PAIRS = 64
+
+
+def use_small_path(T: int, k: int, E: int) -> bool:
+    """Whether `fused_experts_triton` takes the small path for T tokens, top-k, E experts."""
+    return T * k <= SMALL_MAX_PAIRS and (T == 1 or T * k <= E // 2)
 
 
 @lru_cache(maxsize=None)
 def _table(key: str) -> dict[int, dict]:
-    """{max pairs of the bucket: config} for one weight shape key ("E{E}_H{H}_I{I}"), else defaults."""
+    """{max pairs of the bucket: config} for one weight shape key ("E{E}_H{H}_I{I}", or with
+    "_small" the small path's), else the defaults."""
     if CONFIG_FILE.exists():
         table = json.loads(CONFIG_FILE.read_text()).get(key)
         if table:
             return {int(b): c for b, c in table.items()}
-    return DEFAULT_CONFIGS
+    return DEFAULT_SMALL_CONFIGS if key.endswith("_small") else DEFAULT_CONFIGS
 
 
 # Shared memory a launch may plan for its pipelined tiles: below the H100/H200's 227 KiB per
@@ -76,15 +117,33 @@ def fit_shared_memory(cfg: dict, elem_bytes: int) -> dict:
     return c
 
 
-def launch_config(num_pairs: int, E: int, H: int, I: int, elem_bytes: int = 2) -> dict:
+def fit_small(cfg: dict, top_k: int, elem_bytes: int) -> dict:
+    """A small-path `cfg` whose fp32 accumulators fit 64 registers a thread (gate/up: 2 x
+    BLOCK_N x BLOCK_K; down: KP x DOWN_BLOCK_N x DOWN_BLOCK_K, KP = top_k rounded up to a power
+    of two) and whose pipelined loads (num_stages x one loop step's tile) fit SMEM_BUDGET:
+    halves the K block (down to 16), then the N block (down to 8)."""
+    c = {"num_warps": 4, "num_stages": 3, **cfg}
+    regs = 64 * 32 * c["num_warps"]
+    for rows, nk, kk in ((2, "BLOCK_N", "BLOCK_K"), (_next_pow2(top_k), "DOWN_BLOCK_N", "DOWN_BLOCK_K")):
+        while rows * c[nk] * c[kk] > regs or c["num_stages"] * rows * c[nk] * c[kk] * elem_bytes > SMEM_BUDGET:
+            if c[kk] > 16:
+                c[kk] //= 2
+            elif c[nk] > 8:
+                c[nk] //= 2
+            else:
+                break
+    return c
+
+
+def launch_config(num_pairs: int, E: int, H: int, I: int, elem_bytes: int = 2, small_top_k: int = 0) -> dict:
     """The launch parameters for `num_pairs` = T * top_k (token, expert) pairs: the smallest
     bucket holding it, of the measured table for this (E, H, I) if there is one, fitted to the
-    shared memory for `elem_bytes`-byte elements."""
-    table = _table(f"E{E}_H{H}_I{I}")
-    for bound in sorted(table):
-        if num_pairs <= bound:
-            return fit_shared_memory(table[bound], elem_bytes)
-    return fit_shared_memory(table[max(table)], elem_bytes)
+    shared memory for `elem_bytes`-byte elements. `small_top_k` > 0: the small path's table,
+    fitted by `fit_small` for that top-k."""
+    key = f"E{E}_H{H}_I{I}" + ("_small" if small_top_k else "")
+    table = _table(key)
+    cfg = next((table[b] for b in sorted(table) if num_pairs <= b), table[max(table)])
+    return fit_small(cfg, small_top_k, elem_bytes) if small_top_k else fit_shared_memory(cfg, elem_bytes)
 
 
 if triton is not None:
@@ -249,10 +308,22 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     return sorted_pairs, block_expert, block_rows
 
 
+def plan(T: int, k: int, E: int, H: int, I: int, elem_bytes: int, path: str | None = None) -> tuple[str, dict]:
+    """(path, launch config) that `fused_experts_triton` uses for T tokens of top-k routing over
+    E experts of this shape; `path` forces "small" or "aligned"."""
+    path = path or ("small" if use_small_path(T, k, E) else "aligned")
+    if path not in ("small", "aligned"):
+        raise ValueError(f"fused_experts: path {path!r} is not 'small' or 'aligned'")
+    return path, launch_config(T * k, E, H, I, elem_bytes, small_top_k=k if path == "small" else 0)
+
+
 def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                         ids: torch.Tensor, config: dict | None = None, round_weights: bool = False) -> torch.Tensor:
+                         ids: torch.Tensor, config: dict | None = None, round_weights: bool = False,
+                         path: str | None = None) -> torch.Tensor:
     """Same contract as torch_ref.fused_experts_ref (with `round_weights` as in
-    layers.moe.fused_experts); `config` overrides `launch_config`."""
+    layers.moe.fused_experts), rounding as the module docstring states. `path` = "small" or
+    "aligned" forces a path (tests, benchmarks), else `use_small_path` picks by size; `config`
+    overrides that path's `launch_config`. Sizes depend on shapes only: CUDA graphs capture it."""
     T, H = x.shape
     k = ids.shape[1]
     E, I2, _ = w13.shape
@@ -262,34 +333,48 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w
     if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
         raise ValueError("fused_experts: x, w13 and w2 need contiguous last dims")
     N = T * k
-    cfg = config or launch_config(N, E, H, I, x.element_size())
-    BM, BN, BK = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    path, cfg = plan(T, k, E, H, I, x.element_size(), path)
+    cfg = config or cfg
     launch = {"num_warps": cfg.get("num_warps", 4), "num_stages": cfg.get("num_stages", 3)}
+    weights = weights.reshape(-1).contiguous()
+    inter = torch.empty(N, I, dtype=x.dtype, device=x.device)
+    if path == "small":
+        return experts_small(x, w13, w2, weights, ids.reshape(-1).contiguous(), inter, cfg, round_weights)
+    BM, BN, BK = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     sorted_pairs, block_expert, block_rows = align(ids, E, BM)
     nblocks = block_expert.numel()
     ieee = x.dtype == torch.float32
-    inter = torch.empty(N, I, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(nblocks, triton.cdiv(I, BN))](
         x, w13, inter, sorted_pairs, block_expert, block_rows, H, I, x.stride(0), w13.stride(0), w13.stride(1),
         inter.stride(0), TOPK=k, IEEE=ieee, BM=BM, BN=BN, BK=BK, **launch)
     out_k = torch.empty(N, H, dtype=x.dtype, device=x.device)
     _down_kernel[(nblocks, triton.cdiv(H, BN))](
-        inter, w2, out_k, weights.reshape(-1).contiguous(), sorted_pairs, block_expert, block_rows, H, I,
+        inter, w2, out_k, weights, sorted_pairs, block_expert, block_rows, H, I,
         inter.stride(0), w2.stride(0), w2.stride(1), out_k.stride(0), IEEE=ieee, ROUND_W=round_weights,
         BM=BM, BN=BN, BK=BK, **launch)
     return out_k.view(T, k, H).sum(dim=1) if k > 1 else out_k.view(T, H)
 
 
-def warm_up(w13: torch.Tensor, w2: torch.Tensor, top_k: int, dtype: torch.dtype) -> int:
-    """Compile every launch configuration of the table for these expert weights (one call per
-    bucket), so no JIT compile happens while serving; returns the number of calls."""
+#: warm_up covers token counts up to this many pairs (the largest prefill chunk it expects).
+WARM_UP_MAX_PAIRS = 8192
+
+
+def warm_up(w13: torch.Tensor, w2: torch.Tensor, top_k: int, dtype: torch.dtype, round_weights: bool = False) -> int:
+    """Compile every launch the dispatch picks for these expert weights up to WARM_UP_MAX_PAIRS
+    pairs (both paths, every bucket of their tables), so no JIT compile happens while serving:
+    one call per distinct (path, launch config), since no kernel argument specialises on T.
+    `round_weights` as the model calls it (a compile-time switch). Returns the number of calls."""
     E, I2, H = w13.shape
-    table = _table(f"E{E}_H{H}_I{I2 // 2}")
-    n = 0
-    for bound in sorted(table):
-        T = max(1, min(bound, 8192) // top_k)
-        x = torch.zeros(T, H, dtype=dtype, device=w13.device)
-        ids = (torch.arange(T * top_k, device=w13.device) % E).view(T, top_k)
-        fused_experts_triton(x, w13, w2, torch.ones(T, top_k, dtype=torch.float32, device=w13.device), ids)
-        n += 1
-    return n
+    dev = w13.device
+    elem_bytes = torch.empty(0, dtype=dtype).element_size()
+    done = set()
+    for T in range(1, max(1, WARM_UP_MAX_PAIRS // top_k) + 1):
+        path, cfg = plan(T, top_k, E, H, I2 // 2, elem_bytes)
+        if (path, tuple(sorted(cfg.items()))) in done:
+            continue
+        done.add((path, tuple(sorted(cfg.items()))))
+        x = torch.zeros(T, H, dtype=dtype, device=dev)
+        ids = (torch.arange(T * top_k, device=dev) % E).view(T, top_k)
+        fused_experts_triton(x, w13, w2, torch.ones(T, top_k, dtype=torch.float32, device=dev), ids,
+                             round_weights=round_weights)
+    return len(done)
