@@ -239,7 +239,7 @@ class MoeForCausalLM(LlamaForCausalLM):
 
         x = torch.zeros(1, self.spec.hidden_size, dtype=w13.dtype, device=w13.device)
         block.gate(x)  # the fused router
-        return 1 + warm_up(w13, block.experts.w2, self.spec.moe.router.top_k, w13.dtype)
+        return 1 + warm_up(w13, block.experts.w2, self.spec.moe.router.top_k, w13.dtype, block.round_weights)
 
     def checkpoint_name(self, param_name: str) -> str:
         name = super().checkpoint_name(param_name)
