@@ -9,7 +9,6 @@ ahead like every other request; only their post-forward runs eagerly (no post CU
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,20 +37,34 @@ def _pairs(pairs: list[tuple[int, int]]) -> np.ndarray:
     return np.array(pairs, dtype=np.int64).reshape(-1, 2).T.copy()
 
 
+def _stacked(rows: list, toks: list) -> np.ndarray:
+    """[2, T] (row, token) pairs from per-request arrays."""
+    if not toks:
+        return np.zeros((2, 0), dtype=np.int64)
+    return np.stack([np.concatenate(rows), np.concatenate(toks)])
+
+
 def stage_penalties(stg: Staging, reqs: list) -> StagedPenalties | None:
     """Stage the penalized requests among `reqs` (the verify batch's, in order); None if none."""
     rows = [k for k, r in enumerate(reqs) if r.params.penalized]
     if not rows:
         return None
-    hist, hist_val, prompt, bias, bias_val, stops = [], [], [], [], [], []
+    # The histories by numpy, per request in C: a Python loop over every output and prompt
+    # token of every penalized request cost ~13 ms per step at b = 64 (200 out, 256 in).
+    hist_tok, hist_cnt, hist_row, prompt_tok, prompt_row = [], [], [], [], []
+    bias, bias_val, stops = [], [], []
     for j, k in enumerate(rows):
         r = reqs[k]
         p = r.params
-        for tok, c in Counter(r.output_token_ids).items():
-            hist.append((j, tok))
-            hist_val.append(c)
+        if r.output_token_ids:
+            tok, cnt = np.unique(np.asarray(r.output_token_ids, dtype=np.int64), return_counts=True)
+            hist_tok.append(tok)
+            hist_cnt.append(cnt)
+            hist_row.append(np.full(len(tok), j, dtype=np.int64))
         if p.repetition_penalty != 1:
-            prompt.extend((j, t) for t in set(r.prompt_token_ids))
+            tok = np.unique(np.asarray(r.prompt_token_ids, dtype=np.int64))
+            prompt_tok.append(tok)
+            prompt_row.append(np.full(len(tok), j, dtype=np.int64))
         for t, b in (p.logit_bias or {}).items():
             bias.append((j, t))
             bias_val.append(b)
@@ -67,8 +80,9 @@ def stage_penalties(stg: Staging, reqs: list) -> StagedPenalties | None:
         "min_tokens": ([p.min_tokens for p in ps], torch.int64),
         "out_len": ([len(reqs[k].output_token_ids) for k in rows], torch.int64),
         "pending": ([reqs[k].pending > 0 for k in rows], torch.uint8),
-        "hist": (_pairs(hist), torch.int64), "hist_val": (hist_val, torch.float32),
-        "prompt": (_pairs(prompt), torch.int64),
+        "hist": (_stacked(hist_row, hist_tok), torch.int64),
+        "hist_val": (np.concatenate(hist_cnt).astype(np.float32) if hist_cnt else [], torch.float32),
+        "prompt": (_stacked(prompt_row, prompt_tok), torch.int64),
         "bias": (_pairs(bias), torch.int64), "bias_val": (bias_val, torch.float32),
         "stops": (_pairs(stops), torch.int64),
     }
