@@ -128,36 +128,19 @@ def two_token_law(model_dir, head_dir, n: int, prompt=(1, 5, 3, 2, 7), temp: flo
     return chi2_pvalue(counts, two_token_expected(model_dir, prompt, temp), n), llm
 
 
-def record_post_graph_refresh(monkeypatch) -> list[bool]:
-    """Spy on `CudaGraphs.post_graph`: the returned list receives the `refresh` flag of every
-    post graph a step looks up and finds (True: the graph runs the draft refresh)."""
+def record_post_graphs(monkeypatch) -> list[tuple[bool, str | None]]:
+    """Spy on `CudaGraphs.post_graph`: the returned list receives (refresh, extra) of every post
+    graph a step looks up and finds (refresh True: the graph runs the draft refresh; extra None,
+    "logprobs" or "grammar": `CudaGraphs.post_extras`)."""
     from adaspec.engine import cuda_graph
 
-    refreshed: list[bool] = []
+    seen: list[tuple[bool, str | None]] = []
     lookup = cuda_graph.CudaGraphs.post_graph
 
     def post_graph(self, target, depth, kind, refresh, extra=None):
         g = lookup(self, target, depth, kind, refresh, extra)
         if g is not None:
-            refreshed.append(refresh)
-        return g
-
-    monkeypatch.setattr(cuda_graph.CudaGraphs, "post_graph", post_graph)
-    return refreshed
-
-
-def record_post_graph_extras(monkeypatch) -> list:
-    """Spy on `CudaGraphs.post_graph` (over any other spy): the returned list receives the
-    `extra` of every post graph a step looks up and finds (None, "logprobs", "grammar")."""
-    from adaspec.engine import cuda_graph
-
-    seen: list = []
-    lookup = cuda_graph.CudaGraphs.post_graph
-
-    def post_graph(self, target, depth, kind, refresh, extra=None):
-        g = lookup(self, target, depth, kind, refresh, extra)
-        if g is not None:
-            seen.append(extra)
+            seen.append((refresh, extra))
         return g
 
     monkeypatch.setattr(cuda_graph.CudaGraphs, "post_graph", post_graph)

@@ -10,10 +10,17 @@ class Landing:
     be allocated, and sometimes synchronised, by the caching host allocator)."""
 
     def __init__(self, numel: int, dtype: torch.dtype, pin: bool):
-        self.bufs = [torch.empty(numel, dtype=dtype, pin_memory=pin) for _ in range(2)]
+        """`pin` False (a CPU engine): no buffers, `take` clones instead."""
+        self.bufs = [torch.empty(numel, dtype=dtype, pin_memory=True) for _ in range(2)] if pin else None
         self.flip = 0
 
-    def copy(self, t: torch.Tensor) -> torch.Tensor:
+    def take(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """`t` copied to the host without waiting (None stays None). On the CPU a clone: a
+        graph's static output is overwritten by the next step."""
+        if t is None:
+            return None
+        if self.bufs is None:
+            return t.clone()
         host = self.bufs[self.flip][: t.numel()].view(t.shape)
         self.flip ^= 1
         host.copy_(t, non_blocking=True)

@@ -96,14 +96,13 @@ class StagedLogprobs:
 
     rows: object     # staging handle [L] int64
     k: int
-    count: int
 
 
 def stage_logprobs(stg: Staging, reqs: list) -> StagedLogprobs | None:
     rows = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
     if not rows:
         return None
-    return StagedLogprobs(stg.add(rows, torch.int64), max(reqs[i].params.logprobs for i in rows), len(rows))
+    return StagedLogprobs(stg.add(rows, torch.int64), max(reqs[i].params.logprobs for i in rows))
 
 
 def token_logprobs(logits: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor, k: int) -> torch.Tensor:

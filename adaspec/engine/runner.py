@@ -126,7 +126,6 @@ class ModelRunner:
         self.max_model_len = 0
         self.last_step_time = 0.0
         self.prev_speculative = False   # the last launched step verified drafts
-        self._prompt_lp = None          # the launching step's prompt logprobs (device)
         self.grammar_masks: GrammarMasks | None = None
 
     def _load_target(self, shard: Shard | None) -> None:
@@ -275,18 +274,10 @@ class ModelRunner:
         with self._tp_step():
             out, lp = self.post_half(prog, fwd)
         step.all_lp = prog.post is not None and lp is not None
-        out, lp = self._to_host(out, self._out_host), self._to_host(lp, self._lp_host)
-        if self._prompt_lp is not None:
-            rows, t = self._prompt_lp
+        if fwd[3] is not None:   # the step's prompt logprobs (eager: a tensor of their own)
+            rows, t = fwd[3]
             step.prompt_lp = (rows, t.to("cpu", non_blocking=True))
-        step.out, step.lp, step.end = out, lp, self._timer_mark()
-
-    def _to_host(self, t: torch.Tensor | None, landing: Landing) -> torch.Tensor | None:
-        """A step output copied to the host without waiting (a clone on the CPU: a graph's
-        static output is overwritten by the next step)."""
-        if t is None:
-            return None
-        return landing.copy(t) if self.device.type == "cuda" else t.clone()
+        step.out, step.lp, step.end = self._out_host.take(out), self._lp_host.take(lp), self._timer_mark()
 
     def collect(self, step: Launched) -> list[StepResult]:
         """Wait for a launched step and return its results (one per scheduled request);
@@ -402,7 +393,8 @@ class ModelRunner:
 
     def forward_half(self, p: StepProgram) -> tuple:
         """Block-table updates, shifts, drafts, the target forward; (hidden, aux, drafts
-        being read back for a grammar step's mask, or None)."""
+        being read back for a grammar step's mask or None, (prompt logprob rows, their device
+        logprobs) or None)."""
         self.rows.apply_updates(p.upd.t if p.upd is not None else None)
         for sh, staged in p.shifts:   # after the block-table update: slots are looked up in it
             sh.apply(staged, self.rows.last_count, self.rows.block_table, self.block_size)
@@ -426,16 +418,16 @@ class ModelRunner:
         else:
             with forward_context(ForwardContext(p.meta, self.backend, self.kv_caches)):
                 hidden, aux = self.model(ids_d, pos_d)
-        self._prompt_lp = None
+        prompt_lp = None
         if p.prompt_lp is not None:
             plp, k = p.prompt_lp
-            self._prompt_lp = (plp, prompt_logprobs(self.model.lm_head, hidden, plp, k))
-        return hidden, aux, drafts
+            prompt_lp = (plp, prompt_logprobs(self.model.lm_head, hidden, plp, k))
+        return hidden, aux, drafts, prompt_lp
 
     def post_half(self, p: StepProgram, fwd: tuple) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Verification, commit and output (one post graph, or the same work eagerly), after
         the grammar step's bitmask is in place; or the draft refresh alone when nothing samples."""
-        hidden, aux, drafts = fwd
+        hidden, aux, drafts, _ = fwd
         vb = p.vb
         if p.grammar is not None:
             vb.grammar = self.grammar_masks.masks(p.grammar, drafts)

@@ -16,7 +16,7 @@ import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.engine import cuda_graph
-from helpers import prompts_of_lengths, record_post_graph_extras, record_post_graph_refresh
+from helpers import prompts_of_lengths, record_post_graphs
 
 
 def _copy_into(dst, src) -> None:
@@ -99,7 +99,7 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
         return post_replay(self)
 
     monkeypatch.setattr(cuda_graph._PostGraph, "replay", counted)
-    refreshed = record_post_graph_refresh(monkeypatch)   # the refresh flag of every post graph replayed
+    graphs_seen = record_post_graphs(monkeypatch)   # (refresh, extra) of every post graph replayed
     kw = SHAPES[shape]
     # 5 requests over buckets 1, 2, 4, 6: padded batches as the requests finish one by one.
     prompts = prompts_of_lengths([6, 11, 3, 9, 14], seed=41)
@@ -108,7 +108,6 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
         pytest.importorskip("xgrammar")
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, speculate=sp, **_extras(shape, k))
               for k, (n, sp) in enumerate(zip((5, 30, 17, 24, 9), spec))]
-    extras = record_post_graph_extras(monkeypatch)
     outs, stats, lps = {}, {}, {}
     for graphs in (False, True):
         llm = LLM(agree_dir, device="cpu", dtype="float32", max_num_seqs=6, block_size=4,
@@ -123,13 +122,13 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
             assert runner.graphs.graphs
             assert bool(runner.graphs.tree_graphs) == (kw.get("topk", 1) > 1)
             replays.clear()
-            refreshed.clear()
-            extras.clear()
+            graphs_seen.clear()
         res = llm.generate(prompts, params)
         outs[graphs] = [o.token_ids for o in res]
         lps[graphs] = [o.logprobs for o in res]
         stats[graphs] = llm.stats()
     assert outs[True] == outs[False]
+    refreshed, extras = [r for r, _ in graphs_seen], [e for _, e in graphs_seen]
     for got, ref in zip(lps[True], lps[False]):   # the graphs' logprobs: every row, the asked k kept
         assert (got is None) == (ref is None)
         if ref is not None:

@@ -10,7 +10,7 @@ import torch
 from adaspec import LLM, SamplingParams
 from adaspec.testing import make_eagle3_head, make_tiny_model
 
-from helpers import record_post_graph_extras, record_post_graph_refresh
+from helpers import record_post_graphs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -106,18 +106,19 @@ def test_cuda_speculation_off_at_zero_cost(models, monkeypatch):
     d, h = models["llama"]
     prompts = [[(5 * i + 11 * j) % 300 + 3 for j in range(4 + 6 * i)] for i in range(6)]
     base = dict(device="cuda", dtype="float32", block_size=16, max_num_seqs=8)
-    refreshed = record_post_graph_refresh(monkeypatch)
+    seen = record_post_graphs(monkeypatch)
     sp = [SamplingParams(max_tokens=24 + 4 * i, temperature=0.0, ignore_eos=True) for i in range(6)]
     ref = [o.token_ids for o in LLM(str(d), **base).generate(prompts, sp)]
     for name, speculate, kw in (("idle", [False] * 6, dict(speculation="always")),
                                 ("some", [True, False] * 3, dict(speculation="always")),
                                 ("threshold", [True] * 6, dict(speculation="threshold", spec_disable_batch_size=3))):
-        refreshed.clear()
+        seen.clear()
         llm = LLM(str(d), draft=str(h), num_steps=3, topk=1, **kw, **base)
         params = [SamplingParams(max_tokens=p.max_tokens, temperature=0.0, ignore_eos=True, speculate=s)
                   for p, s in zip(sp, speculate)]
         assert [o.token_ids for o in llm.generate(prompts, params)] == ref, name
         st = llm.stats()
+        refreshed = [r for r, _ in seen]
         assert refreshed, name
         if name == "idle":
             assert st["verify_steps"] == 0 and not any(refreshed)
@@ -292,7 +293,7 @@ def test_cuda_post_graph_extras_equal_eager(models, monkeypatch):
     g = dict(temperature=0.0, ignore_eos=True, max_tokens=24)
     batches = {"logprobs": [SamplingParams(logprobs=i % 3 * 2 if i % 2 else None, **g) for i in range(6)],
                "grammar": [SamplingParams(structured=spec if i % 2 else None, **g) for i in range(6)]}
-    seen = record_post_graph_extras(monkeypatch)
+    seen = record_post_graphs(monkeypatch)
     for extra, params in batches.items():
         for shape in ({}, dict(speculation="always", num_steps=3), dict(speculation="always", num_steps=2, topk=4,
                                                                           num_draft_tokens=16)):
@@ -303,7 +304,8 @@ def test_cuda_post_graph_extras_equal_eager(models, monkeypatch):
                 llm.engine.grammars = GrammarCache.from_vocab(pieces, stop_token_ids=[1])
                 seen.clear()
                 outs[eager] = llm.generate(prompts, params)
-                assert (extra in seen) == (not eager), (extra, shape, eager, set(seen))
+                extras = {e for _, e in seen}
+                assert (extra in extras) == (not eager), (extra, shape, eager, extras)
             assert [o.token_ids for o in outs[False]] == [o.token_ids for o in outs[True]], (extra, shape)
             for o, r in zip(outs[False], outs[True]):
                 assert (o.logprobs is None) == (r.logprobs is None)
