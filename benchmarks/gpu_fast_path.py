@@ -36,8 +36,11 @@ CONFIGS = {
     "chain3": dict(speculation="always", num_steps=3, topk=1),
     "tree16": dict(speculation="always", num_steps=2, topk=4, num_draft_tokens=16),
     "auto4": dict(speculation="auto", num_steps=4, topk=1),   # diagnostics only (not a target)
+    # the draft loaded, every request `speculate=False` (issue 27: what an unused draft costs)
+    "idle": dict(speculation="always", num_steps=3, topk=1),
 }
-Q = {"off": 1, "chain3": 4, "tree16": 16, "auto4": 4}
+Q = {"off": 1, "chain3": 4, "tree16": 16, "auto4": 4, "idle": 1}
+OPT_OUT = {"idle"}   # configurations whose requests do not speculate
 
 
 def write_dirs(shape: str = "llama-8b") -> tuple[str, str]:
@@ -150,12 +153,14 @@ class _GcClock:
         gc.callbacks.remove(self._cb)
 
 
-def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False, warmup: int = 20) -> dict:
+def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False, warmup: int = 20,
+               speculate: bool = True) -> dict:
     """Median wall time of steady-state engine steps with b decoding requests, and the
     target forward alone (its CUDA graph replayed, CUDA events)."""
     eng = llm.engine
     for i, p in enumerate(prompts(b, seed=b)):
-        eng.add_request(f"st{b}-{i}", p, SamplingParams(max_tokens=1024, temperature=0.0, ignore_eos=True))
+        eng.add_request(f"st{b}-{i}", p, SamplingParams(max_tokens=1024, temperature=0.0, ignore_eos=True,
+                                                                speculate=speculate))
     while any(r.num_computed < len(r.prompt_token_ids) for r in eng.scheduler.running) or eng.scheduler.waiting:
         eng.step()
     # Past the first steps of a new batch: their spans fall for a dozen steps (12.1 to 11.2 ms
@@ -239,13 +244,14 @@ def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False, warmup:
     return out
 
 
-def generate_tok_s(llm: LLM, b: int, out_len: int = 256, repeats: int = 1) -> dict:
+def generate_tok_s(llm: LLM, b: int, out_len: int = 256, repeats: int = 1, speculate: bool = True) -> dict:
     """`LLM.generate` of b prompts, `repeats` times in a row (different prompts): output tokens
     over wall time. With simulated acceptance one 256-token request's steps vary by several
     percent with the draws (86 to 94 steps for chain 3 in this session's runs): b = 1 is
     measured over several requests."""
-    sp = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)
-    llm.generate(prompts(1, seed=99), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    sp = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True, speculate=speculate)
+    llm.generate(prompts(1, seed=99), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
+                                                     speculate=speculate))
     torch.cuda.synchronize()
     eng = llm.engine
     step, times = eng.step, []
@@ -305,7 +311,8 @@ def main(argv=None) -> int:
         v = phys.get(f"{b}x{q}")
         return v if isinstance(v, (int, float)) else None
 
-    plan = (("off", (1, 16, 64, 256)), ("chain3", (1, 16, 64)), ("tree16", (1, 16, 64)), ("auto4", (1, 16)))
+    plan = (("off", (1, 16, 64, 256)), ("chain3", (1, 16, 64)), ("tree16", (1, 16, 64)), ("auto4", (1, 16)),
+            ("idle", (1, 64, 256)))
     if a.batches:
         plan = tuple((c, tuple(int(b) for b in a.batches.split(","))) for c, _ in plan)
     for config, batches in [c for c in plan if c[0] in a.configs.split(",")]:
@@ -318,7 +325,7 @@ def main(argv=None) -> int:
         if "steps" not in skip:
             q = Q[config]
             for b in batches:
-                r = step_times(llm, b, profile=a.profile and b in (1, 16, 64))
+                r = step_times(llm, b, profile=a.profile and b in (1, 16, 64), speculate=config not in OPT_OUT)
                 ref = T(b, q)
                 r.update(physics_ms=ref, step_ratio=r["step_ms"] / ref if ref else None,
                          forward_ratio=r.get("forward_ms", 0) / ref if ref and "forward_ms" in r else None)
@@ -330,6 +337,9 @@ def main(argv=None) -> int:
         if config == "off" and "throughput" not in skip:
             res["throughput_b256_off"] = generate_tok_s(llm, 256)
             print("throughput b=256 off:", res["throughput_b256_off"], flush=True)
+        if config == "idle" and "generate" not in skip:   # 512 in, 256 out, prefill included
+            res["generate_b1_idle"] = generate_tok_s(llm, 1, repeats=4, speculate=False)
+            print("generate b=1 idle:", res["generate_b1_idle"], flush=True)
         if config == "chain3" and "generate" not in skip:
             res["generate_b1_chain3"] = generate_tok_s(llm, 1, repeats=4)
             print("generate b=1 chain3:", res["generate_b1_chain3"], flush=True)
@@ -350,6 +360,8 @@ def main(argv=None) -> int:
                 res["hf_cb_256_tok_s"] = hf
     if "generate_b1_chain3" in res and "generate_b1_off" in res:
         t["4_chain3_vs_off_b1"] = res["generate_b1_chain3"]["tok_s"] / res["generate_b1_off"]["tok_s"]
+    if "generate_b1_idle" in res and "generate_b1_off" in res:   # issue 27: >= 0.995
+        t["6_idle_vs_off_b1"] = res["generate_b1_idle"]["tok_s"] / res["generate_b1_off"]["tok_s"]
     t["5_startup_max_s"] = max(v["seconds"] for v in res["startup"].values())
     t["5_graph_memory_max_GiB"] = max(v["graph_memory_GiB"] for v in res["startup"].values())
     t["1_ratios"] = {k: (round(v["step_ratio"], 3) if v.get("step_ratio") else None,
