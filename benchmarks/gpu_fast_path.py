@@ -52,6 +52,12 @@ def make_llm(target: str, draft: str, config: str, max_num_seqs: int, **kw) -> t
     extra = dict(CONFIGS[config])
     if config != "off":
         extra.update(draft=draft, spec_simulate_accept_rate=0.8)
+    # Prefill unpaced (the step budget, as before engine/prefill_pacer.py): the batch is built in
+    # a few steps, so every request's context at the timed steps is ~CTX, as physics_probe's
+    # T(b, q). Paced, a burst of 64 prompts prefilled over ~150 steps while the first ones
+    # decoded, and the timed steps read longer contexts (+4% per decode step at b = 64: the
+    # apparent regression of issue 21, located by session 5's call 1).
+    kw.setdefault("long_prefill_token_threshold", 8192)
     llm = LLM(target, load_format="dummy", device="cuda", dtype="bfloat16", max_num_seqs=max_num_seqs,
               max_model_len=2048, kv_cache_memory=40 * 2**30, **extra, **kw)
     torch.cuda.synchronize()
@@ -167,6 +173,7 @@ def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False, warmup:
     # for chain 3 at b=64 in run 7 of 2026-12-01b) before they settle.
     for _ in range(warmup):
         eng.step()
+    ctx = [r.num_computed for r in eng.scheduler.running]   # the contexts the timed steps read
     # Steady state, pipelined as the engine runs. With overlap, each `step()` returns once the
     # previous step's device work is done, so the time between returns is a step's time on
     # the device (with any wait for the host in it). Timing from a synchronized start instead
@@ -188,6 +195,7 @@ def step_times(llm: LLM, b: int, steps: int = 12, profile: bool = False, warmup:
     torch.cuda.synchronize()
     gcc.stop()
     out = {"step_ms": wall, "overlap": eng.config.overlap,
+           "ctx_mean": sum(ctx) / max(1, len(ctx)), "ctx_max": max(ctx, default=0),
            "step_ms_from_sync": (time.perf_counter() - t1) / steps * 1e3,
            # the engine's own CUDA-event span of each step (what `auto` sees), median
            "event_step_ms": sorted(spans)[len(spans) // 2],
@@ -297,6 +305,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", default="", help="comma list of parts to skip: steps,generate,throughput")
     ap.add_argument("--profile", action="store_true", help="kernel profile of the steps at b = 1, 16 and 64")
     ap.add_argument("--configs", default="off,chain3,tree16", help="comma list of configurations to run")
+    ap.add_argument("--prefill-threshold", type=int, default=8192,
+                    help="long_prefill_token_threshold of the engines (default: the step budget, unpaced; 0: paced)")
     ap.add_argument("--no-overlap", dest="overlap", action="store_false",
                     help="run the engine without overlap (for comparison)")
     a = ap.parse_args(argv)
@@ -316,7 +326,8 @@ def main(argv=None) -> int:
     if a.batches:
         plan = tuple((c, tuple(int(b) for b in a.batches.split(","))) for c, _ in plan)
     for config, batches in [c for c in plan if c[0] in a.configs.split(",")]:
-        llm, startup = make_llm(target, draft, config, max_num_seqs=max(batches), overlap=a.overlap)
+        llm, startup = make_llm(target, draft, config, max_num_seqs=max(batches), overlap=a.overlap,
+                               long_prefill_token_threshold=a.prefill_threshold)
         g = llm.engine.runner.graphs
         res["startup"][config] = {"seconds": startup, "graphs": len(g.graphs) if g else 0,
                                   "capture_seconds": g.capture_seconds if g else 0,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from adaspec.device.logprobs import logprob_rows
 from adaspec.device.staging import Staging
 from adaspec.penalties import PenaltyBatch
 
@@ -105,29 +106,18 @@ def stage_logprobs(stg: Staging, reqs: list) -> StagedLogprobs | None:
     return StagedLogprobs(stg.add(rows, torch.int64), max(reqs[i].params.logprobs for i in rows))
 
 
-def token_logprobs(logits: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor, k: int) -> torch.Tensor:
+def token_logprobs(logits: torch.Tensor, N: int, path: torch.Tensor, emitted: torch.Tensor, k: int,
+                   reqs: torch.Tensor | None = None) -> torch.Tensor:
     """[L, D+1, 1 + 2k] float32 for L requests' emitted tokens: the token's raw log-probability,
     then the k most likely tokens' log-probabilities and ids (ids as floats: exact below 2**24).
-    `logits` [L, N, V] raw target logits of the nodes; the token emitted at depth d was chosen
-    at node path[:, d]."""
-    L, N, V = logits.shape
-    # The chosen nodes' rows by one index_select (a gather over an expanded [L, D+1, V] index
-    # would read V indices per row).
-    at = (torch.arange(L, device=path.device).unsqueeze(1) * N + path).reshape(-1)
-    rows = logits.reshape(L * N, V).index_select(0, at).view(L, -1, V)
-    return _logprob_rows(rows, emitted, k)
-
-
-def _logprob_rows(rows: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
-    """[..., 1 + 2k]: log-softmax of `rows` [..., V] (raw logits) at `targets` [...], then the
-    top k. As logit - logsumexp, the top k taken on the raw logits (the same order): no
-    vocabulary-wide float32 log-softmax is written."""
-    lse = torch.logsumexp(rows.float(), dim=-1, keepdim=True)
-    own = rows.gather(-1, targets.unsqueeze(-1)).float() - lse
-    if k == 0:
-        return own
-    top = rows.topk(k, dim=-1)
-    return torch.cat([own, top.values.float() - lse, top.indices.float()], dim=-1)
+    `logits` [B*N, V] raw target logits of the nodes (request i's node j in row i*N + j);
+    `reqs` [L] the requests that report (None: all B); the token emitted at depth d was chosen
+    at node path[:, d] (`path`, `emitted` [L, D+1]). The chosen rows are read where they lie
+    (`device.logprobs`: one pass over each on CUDA)."""
+    L, D1 = path.shape
+    first = (reqs if reqs is not None else torch.arange(L, device=path.device)) * N
+    at = (first.unsqueeze(1) + path).reshape(-1)
+    return logprob_rows(logits, at, emitted.reshape(-1), k).view(L, D1, -1)
 
 
 def unpack_logprobs(rows: list, k: int) -> list[tuple[float, list[tuple[int, float]]]]:
@@ -166,7 +156,7 @@ def prompt_logprobs(lm_head, hidden: torch.Tensor, rows: list, k: int) -> torch.
     prompt tokens each query row predicts."""
     q = torch.tensor([x for _, _, rs, _ in rows for x in rs], dtype=torch.long).to(hidden.device)
     tgt = torch.tensor([x for _, _, _, ts in rows for x in ts], dtype=torch.long).to(hidden.device)
-    return _logprob_rows(lm_head(hidden[q]), tgt, k)
+    return logprob_rows(lm_head(hidden[q]), torch.arange(q.numel(), device=hidden.device), tgt, k)
 
 
 def attach_logprobs(plan, verify: list, lp, results: list, every_row: bool = False) -> None:

@@ -150,9 +150,9 @@ class PostForward:
         lp = None
         if b.logprobs is not None:
             r = b.logprobs.rows.t
-            lp = token_logprobs(raw.view(Bv, N, -1)[r], path[r], emitted[r], b.logprobs.k)
+            lp = token_logprobs(raw, N, path[r], emitted[r], b.logprobs.k, reqs=r)
         elif b.all_logprobs:
-            lp = token_logprobs(raw.view(Bv, N, -1), path, emitted, MAX_LOGPROBS)
+            lp = token_logprobs(raw, N, path, emitted, MAX_LOGPROBS)
         self.last_token[src] = emitted.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
         self.last_count[src] = count
         self.last_emitted[src, :emitted.shape[1]] = emitted
