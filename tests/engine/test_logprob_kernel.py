@@ -1,4 +1,4 @@
-"""device.logprobs: the one-pass Triton kernel (the Triton interpreter on CPU; compiled on a
+"""device.logprobs: the Triton logsumexp path (the Triton interpreter on CPU; compiled on a
 GPU) gives the PyTorch path's logprob rows: the same log-probabilities up to the order of the
 float32 sums of logsumexp, the same top-k values, and ids that name those values (equal logits
 may list in either order)."""
@@ -30,14 +30,12 @@ def _check(x: torch.Tensor, rows: torch.Tensor, tg: torch.Tensor, k: int, got: t
 
 
 @pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(), reason="interpreter path: triton, no CUDA")
-@pytest.mark.parametrize("V,dtype,k,topk", [(700, torch.float32, 20, True), (1100, torch.bfloat16, 5, True),
-                                            (300, torch.bfloat16, 20, False), (300, torch.float32, 0, True)])
-def test_logprob_kernel_equals_torch(monkeypatch, V, dtype, k, topk):
+@pytest.mark.parametrize("V,dtype,k", [(700, torch.float32, 20), (1100, torch.bfloat16, 5), (300, torch.float32, 0)])
+def test_logprob_kernel_equals_torch(monkeypatch, V, dtype, k):
     """Chunks of uneven fill (V not a multiple of the block), repeated and out-of-order rows,
-    a row of a strided view, both in-chunk top-k variants (tl.topk, and sort for older Triton)."""
+    a row of a strided view, one dominant logit."""
     monkeypatch.setenv("ADASPEC_TRITON_INTERPRET", "1")
     monkeypatch.setattr(lpk, "BLOCK_V", 256)   # several chunks per row at test sizes
-    monkeypatch.setattr(lpk, "_HAS_TOPK", topk and lpk._HAS_TOPK)
     g = torch.Generator().manual_seed(V + k)
     x = (torch.randn(10, V + 8, generator=g) * 4).to(dtype)[:, 3:3 + V]   # row stride != V
     x[2, 17] = 50.0    # one dominant logit: its chunk's maximum, logprob ~ 0
