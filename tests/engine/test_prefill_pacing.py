@@ -44,7 +44,8 @@ def test_pacer_cap_formula():
     p.observe(0.5, 100)                            # very slow prefill: never below min_chunk
     p.observe(0.5, 100)
     assert p.cap(1) == 16
-    assert PrefillPacer(fixed_cap=64).cap(1) == 64 and PrefillPacer(fixed_cap=64).cap(100) == 400
+    assert PrefillPacer(fixed_cap=64, per_decode=4).cap(1) == 64 and PrefillPacer(fixed_cap=64, per_decode=4).cap(100) == 400
+    assert PrefillPacer().cap(100) == 1600   # the default floor: 16 per decode token
 
 
 @pytest.mark.parametrize("overlap", [False, True])
