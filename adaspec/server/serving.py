@@ -33,7 +33,8 @@ from pydantic import BaseModel
 
 from adaspec.engine.request import RequestOutput
 from adaspec.sampling import MAX_N
-from adaspec.server.async_engine import AsyncEngine, EngineError, RequestStream
+from adaspec.server.async_engine import AsyncEngine
+from adaspec.server.request_stream import EngineError, RequestStream
 from adaspec.server.body import parse_body
 from adaspec.server.chat_tools import ToolOutput, chat_messages, default_parser_name, template_kwargs
 from adaspec.server.structured_request import GrammarCheck, structured_of, tool_grammar, tool_mode

@@ -8,7 +8,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from adaspec.engine.request import RequestOutput
-from adaspec.server.async_engine import EngineError, RequestStream
+from adaspec.server.request_stream import EngineError, RequestStream
 from adaspec.server.protocol import APIError
 
 # Characters that JSON leaves raw but line-splitting SSE clients (str.splitlines, JS readers)
