@@ -44,7 +44,13 @@ def logprob_rows_torch(logits: torch.Tensor, rows: torch.Tensor, targets: torch.
     """The PyTorch path: the rows picked, then float32 logsumexp and topk on the raw logits."""
     sel = logits.index_select(0, rows)
     lse = torch.logsumexp(sel.float(), dim=-1, keepdim=True)
-    own = sel.gather(-1, targets.unsqueeze(-1)).float() - lse
+    return _with_top(sel.gather(-1, targets.unsqueeze(-1)), lse, sel, k)
+
+
+def _with_top(own: torch.Tensor, lse: torch.Tensor, sel: torch.Tensor | None, k: int) -> torch.Tensor:
+    """[R, 1 + 2k] from the targets' logits `own` [R, 1], the rows' logsumexp `lse` [R, 1] and
+    the chosen rows `sel` [R, V] (read only when k > 0)."""
+    own = own.float() - lse
     if k == 0:
         return own
     top = sel.topk(k, dim=-1)
@@ -69,9 +75,5 @@ def logprob_rows(logits: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor
     V; `rows`, `targets` [R] int64 on its device; k <= V. Capturable in a CUDA graph."""
     if not use_triton(logits) or logits.stride(-1) != 1 or rows.numel() == 0:
         return logprob_rows_torch(logits, rows, targets, k)
-    lse = logsumexp_rows(logits, rows)
-    own = logits[rows, targets].float().unsqueeze(1) - lse
-    if k == 0:
-        return own
-    top = logits.index_select(0, rows).topk(k, dim=-1)
-    return torch.cat([own, top.values.float() - lse, top.indices.float()], dim=-1)
+    sel = logits.index_select(0, rows) if k else None
+    return _with_top(logits[rows, targets].unsqueeze(1), logsumexp_rows(logits, rows), sel, k)

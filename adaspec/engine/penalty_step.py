@@ -112,8 +112,8 @@ def token_logprobs(logits: torch.Tensor, N: int, path: torch.Tensor, emitted: to
     then the k most likely tokens' log-probabilities and ids (ids as floats: exact below 2**24).
     `logits` [B*N, V] raw target logits of the nodes (request i's node j in row i*N + j);
     `reqs` [L] the requests that report (None: all B); the token emitted at depth d was chosen
-    at node path[:, d] (`path`, `emitted` [L, D+1]). The chosen rows are read where they lie
-    (`device.logprobs`: one pass over each on CUDA)."""
+    at node path[:, d] (`path`, `emitted` [L, D+1]). On CUDA the chosen rows' logsumexp
+    reads them where they lie, one pass over each (`device.logprobs`); their top k, a copy."""
     L, D1 = path.shape
     first = (reqs if reqs is not None else torch.arange(L, device=path.device)) * N
     at = (first.unsqueeze(1) + path).reshape(-1)
