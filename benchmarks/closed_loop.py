@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from adaspec import LLM, SamplingParams  # noqa: E402
-from adaspec.bench.shapes import SHAPES, write_shape_dirs  # noqa: E402
+from adaspec import LLM, SamplingParams
+from adaspec.bench.shapes import SHAPES, write_shape_dirs
 
 
 def run(llm: LLM, C: int, n: int, input_len: int, output_len: int, vocab: int, seed: int = 0) -> dict:
