@@ -5,14 +5,7 @@
 # (issue 27: off vs idle at b = 1 and 64, with kernel profiles, and LLM.generate at b = 1), and
 # the fused-MoE small path's launch sweep (issue 20). One tarball in $OUT, rewritten after
 # every part, so a call cut short still returns what finished.
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONUNBUFFERED=1
-R=/tmp/r; mkdir -p $R
-{ nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader; date -u; } > $R/device.txt
-part() { local lim=$1 name=$2; shift 2; local t0=$SECONDS; timeout --kill-after=5 $lim "$@" > $R/$name.log 2>&1;
-         echo "[$name rc=$? $((SECONDS-t0))s]"; tail -n 3 $R/$name.log; tar czf $OUT/call1.tar.gz -C $R .; }
-export PYTHONPATH=/tmp/site:$PWD
+. benchmarks/device_preamble.sh call1
 part 60 physics python3 .carry/tools/physics_probe.py --batch 1,64 --q 1 --ctx 512 --json $R/physics.json
 for c in 36ba152 45b2c9a e3520a9 4f9114c 32f875b fdd73c2 6b22ca1 19f6367 15e3786 6f2e1e8; do
     dir=.carry/bis/$c

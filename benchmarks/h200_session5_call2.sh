@@ -4,14 +4,7 @@
 # unpaced (decode and verify steps against physics_probe's T(b, q); the tree before tensor
 # parallelism, 36ba152, as the same-call A/B; the paced build once more for the evidence), and
 # issue 27's idle server at concurrency 1. One tarball in $OUT, rewritten after every part.
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONUNBUFFERED=1
-R=/tmp/r; mkdir -p $R
-{ nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader; date -u; git log -1 --format=%H; } > $R/device.txt
-part() { local lim=$1 name=$2; shift 2; local t0=$SECONDS; timeout --kill-after=5 $lim "$@" > $R/$name.log 2>&1;
-         echo "[$name rc=$? $((SECONDS-t0))s]"; tail -n 3 $R/$name.log; tar czf $OUT/call2.tar.gz -C $R .; }
-export PYTHONPATH=/tmp/site:$PWD
+. benchmarks/device_preamble.sh call2
 part 120 gpu_tests python3 -m pytest -q -n 0 -p no:cacheprovider tests/engine/test_logprob_kernel.py \
     tests/gpu/test_cuda.py -k "logprob or post_graph"
 part 60 physics python3 .carry/tools/physics_probe.py --batch 1,16,64,256 --q 1,4,16 --ctx 512 --json $R/physics.json

@@ -3,14 +3,7 @@
 # offline cost at b = 64); the prefill pacer under an offline closed loop (C = 64 and 16: paced,
 # unpaced, a fixed 1024-token cap); issue 27's idle server at concurrency 64. One tarball in
 # $OUT, rewritten after every part.
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONUNBUFFERED=1
-R=/tmp/r; mkdir -p $R
-{ nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader; date -u; git log -1 --format=%H; } > $R/device.txt
-part() { local lim=$1 name=$2; shift 2; local t0=$SECONDS; timeout --kill-after=5 $lim "$@" > $R/$name.log 2>&1;
-         echo "[$name rc=$? $((SECONDS-t0))s]"; tail -n 3 $R/$name.log; tar czf $OUT/call3.tar.gz -C $R .; }
-export PYTHONPATH=/tmp/site:$PWD
+. benchmarks/device_preamble.sh call3
 part 120 gpu_tests python3 -m pytest -q -n 0 -p no:cacheprovider tests/engine/test_logprob_kernel.py \
     tests/gpu/test_cuda.py -k "logprob or post_graph"
 part 100 lp_profile python3 benchmarks/logprobs_profile.py --out $R/logprobs_profile.json

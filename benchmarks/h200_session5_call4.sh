@@ -2,14 +2,7 @@
 # Device call 4 of session 5 (2026-12-02): the prefill pacer with its new floor (16 prefill tokens
 # per decode token) under the offline closed loop at C = 64 and 32 against unpaced, and issue
 # 27's idle server at concurrency 64 again. One tarball in $OUT, rewritten after every part.
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONUNBUFFERED=1
-R=/tmp/r; mkdir -p $R
-{ nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader; date -u; git log -1 --format=%H; } > $R/device.txt
-part() { local lim=$1 name=$2; shift 2; local t0=$SECONDS; timeout --kill-after=5 $lim "$@" > $R/$name.log 2>&1;
-         echo "[$name rc=$? $((SECONDS-t0))s]"; tail -n 3 $R/$name.log; tar czf $OUT/call4.tar.gz -C $R .; }
-export PYTHONPATH=/tmp/site:$PWD
+. benchmarks/device_preamble.sh call4
 part 100 closed64 python3 benchmarks/closed_loop.py --concurrency 64 --requests 320 --thresholds 0,8192 \
     --out $R/closed_loop_c64.json
 part 90 closed32 python3 benchmarks/closed_loop.py --concurrency 32 --requests 160 --thresholds 0,8192 \
