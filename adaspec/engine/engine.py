@@ -24,6 +24,7 @@ from collections import Counter
 import numpy as np
 
 from adaspec.config import EngineConfig
+from adaspec.engine import gc_heap
 from adaspec.engine.detokenizer import Detokenizer
 from adaspec.engine.kv_cache import KVCacheManager
 from adaspec.engine.request import Request, RequestOutput, SpecStats
@@ -72,12 +73,14 @@ class Engine:
 
     def __init__(self, cfg: EngineConfig, runner: ModelRunner | None = None):
         self.config = cfg
+        gc_heap.thaw()
         self.runner = runner if runner is not None else self._make_runner(cfg)
         try:
             self._start(cfg)
         except BaseException:
             self.close()   # a tensor-parallel runner's workers go with the failed start
             raise
+        gc_heap.freeze()   # full collections walk only what the steps allocate (gc_heap)
 
     @staticmethod
     def _make_runner(cfg: EngineConfig) -> ModelRunner:
@@ -323,10 +326,12 @@ class Engine:
         return driver.failure if driver is not None else None
 
     def close(self) -> None:
-        """Stop the workers of a tensor-parallel engine (a no-op for one process)."""
+        """Stop the workers of a tensor-parallel engine (a no-op for one process); thaw the
+        heap so that the engine's cyclic garbage can be collected."""
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()
+        gc_heap.thaw()
 
     @property
     def num_free_blocks(self) -> int:
