@@ -25,6 +25,7 @@ import socket
 import sys
 import time
 
+from adaspec.engine import gc_heap
 from adaspec.config import EngineConfig, add_engine_cli_args, engine_kwargs_from_cli
 from adaspec.tokenization import TOKENIZER_FILES
 
@@ -322,6 +323,7 @@ def _build_server(args: argparse.Namespace, engine, sock: socket.socket):
             await super().startup(sockets)
             if not self.started:
                 return
+            gc_heap.freeze()   # the front end's start-up heap too (engine.gc_heap says why)
             port = self.servers[0].sockets[0].getsockname()[1] if self.servers else args.port
             st = aengine.stats
             total = int(st.get("num_total_blocks", 0) or 0)
