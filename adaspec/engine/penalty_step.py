@@ -121,10 +121,12 @@ def token_logprobs(logits: torch.Tensor, N: int, path: torch.Tensor, emitted: to
 
 
 def unpack_logprobs(rows: list, k: int) -> list[tuple[float, list[tuple[int, float]]]]:
-    """One request's `token_logprobs` rows (host lists) as (logprob, [(token id, logprob)] * k)
-    per emitted token."""
+    """One request's `token_logprobs` rows (host lists) as (logprob, ((token id, logprob),) * k)
+    per emitted token. Tuples of numbers only, which the cyclic garbage collector stops
+    tracking: with lists, the entries a long answer accumulates made full collections walk
+    them again and again (0.23-0.30 s of a 5.6 s run at b = 64 with logprobs=5 on the H200)."""
     K = (len(rows[0]) - 1) // 2 if rows else 0
-    return [(r[0], list(zip(map(int, r[1 + K:1 + K + k]), r[1:1 + k]))) for r in rows]
+    return [(r[0], tuple(zip(map(int, r[1 + K:1 + K + k]), r[1:1 + k]))) for r in rows]
 
 
 def _first_k(lp: torch.Tensor, k: int) -> torch.Tensor:

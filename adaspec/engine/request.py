@@ -104,7 +104,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     queue_time: float | None = None  # seconds from arrival to first scheduled (set once scheduled)
-    # SamplingParams.logprobs: per generated token (logprob, [(token id, logprob)] * k), raw
+    # SamplingParams.logprobs: per generated token (logprob, ((token id, logprob),) * k), raw
     # target log-probabilities; `new_logprobs` for `new_token_ids`, `logprobs` for `token_ids`.
     logprobs: list | None = None
     new_logprobs: list | None = None

@@ -120,7 +120,7 @@ class StepResult:
     tree_nodes: int = 0           # draft tokens verified
     path: list[int] = field(default_factory=list)  # accepted tree node indices, root excluded
     discarded: bool = False       # set by postprocess: the request had finished before (overlap)
-    logprobs: list | None = None  # per emitted token (logprob, [(id, logprob)]) if the request asks
+    logprobs: list | None = None  # per emitted token (logprob, ((id, logprob), ...)) if the request asks
     prompt_logprobs: tuple | None = None   # (first position, [as logprobs] per prompt token predicted)
 
 

@@ -1,5 +1,5 @@
 """The `logprobs` objects of OpenAI responses, from the engine's per-token entries
-(`RequestOutput.logprobs`: (logprob, [(token id, logprob)] * k) per token, the target's raw
+(`RequestOutput.logprobs`: (logprob, ((token id, logprob),) * k) per token, the target's raw
 log-probabilities; see `adaspec.sampling`).
 
     /v1/completions        {"tokens", "token_logprobs", "top_logprobs", "text_offset"}

@@ -50,7 +50,7 @@ def test_reference_penalties_act(agree_dir, reference):
     assert EOS not in reference[4].token_ids[:4]
     lps = reference[0].logprobs
     assert len(lps) == 16 and all(len(top) == 3 and lp == pytest.approx(top[0][1]) for lp, top in lps)
-    assert reference[1].logprobs is not None and all(top == [] for _, top in reference[1].logprobs)
+    assert reference[1].logprobs is not None and all(top == () for _, top in reference[1].logprobs)
     assert reference[2].logprobs is None
 
 
