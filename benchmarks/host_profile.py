@@ -6,8 +6,9 @@
 For each configuration: b decoding requests (default 1) are brought to steady state, then N
 engine steps are timed (wall time between step returns, the engine's CUDA-event span of each
 step, host time inside `runner.launch` and waiting in `runner.collect`), and N more are run
-under cProfile. Writes JSON with the split and the top functions by own time and by
-cumulative time, and prints the split. `--shape` runs random weights with simulated
+under cProfile (`--kernels`: and 30 under torch.profiler, for the device's busy time). Writes
+JSON with the split and the top functions by own time and by cumulative time, and prints the
+split. `--shape` runs random weights with simulated
 acceptance 0.8; `--model demo` the bundled demo pair (real weights, real acceptance).
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 import torch
 
 from adaspec import LLM, SamplingParams
-from gpu_fast_path import _HostClock   # (benchmarks/: the same host clock as the fast-path steps)
+from gpu_fast_path import _HostClock, profile_steps   # (benchmarks/: the fast-path steps' host clock and kernel profile)
 
 CONFIGS = {"off": {}, "chain1": dict(speculation="always", num_steps=1), "chain2": dict(speculation="always", num_steps=2),
            "chain3": dict(speculation="always", num_steps=3), "chain4": dict(speculation="always", num_steps=4),
@@ -74,7 +75,8 @@ def measure(llm: LLM, args) -> dict:
         tables[key] = s.getvalue()
     st = llm.stats()
     n = args.steps
-    return {"step_ms": wall, "event_step_ms": sorted(spans)[len(spans) // 2],
+    kernels = profile_steps(eng, steps=30) if args.kernels and torch.cuda.is_available() else None
+    return {"kernels": kernels, "step_ms": wall, "event_step_ms": sorted(spans)[len(spans) // 2],
             "host_launch_ms": clock.launch / n * 1e3, "host_wait_ms": clock.wait / n * 1e3,
             "host_busy_ms": wall - clock.wait / n * 1e3, "accept_length": st.get("accept_length"),
             "tokens_per_step": st["generation_tokens"] / max(1, st["num_steps"]), "profile": tables}
@@ -90,6 +92,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=40)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--kernels", action="store_true", help="also a kernel profile of 30 steps (CUDA): device "
+                    "busy time and kernels per step, against wall time")
     ap.add_argument("--out", default="host_profile.json")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -101,6 +105,10 @@ def main() -> None:
         print(f"{c}: step {r['step_ms']:.3f} ms (event {r['event_step_ms']:.3f}), host busy {r['host_busy_ms']:.3f}, "
               f"launch {r['host_launch_ms']:.3f}, wait {r['host_wait_ms']:.3f}, tokens/step {r['tokens_per_step']:.2f}",
               flush=True)
+        if r["kernels"]:
+            k = r["kernels"]
+            print(f"{c}: device busy {k['device_busy_ms_per_step']:.3f} ms/step, {k['kernels_per_step']:.0f} kernels/step "
+                  f"(profiled wall {k['wall_ms_per_step']:.3f})", flush=True)
         del llm
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
     with open(args.out, "w") as f:
