@@ -88,3 +88,22 @@ def test_long_prompts_do_not_stall_a_stream_or_a_short_request(overlap):
     # The short prompt is not queued behind the long ones: it is prefilled within a few paced
     # steps while most of the 16000 long-prompt tokens are still to come.
     assert ttft_paced < 0.5 and long_left > 12000
+
+
+def test_offline_llm_prefills_at_the_whole_budget_unless_asked(llama_dir):
+    """LLM (offline) is throughput-first: next to decode rows a prompt takes the step's whole
+    budget; an explicit threshold (0: paced by measurement) is kept, and paces."""
+    from adaspec import LLM, SamplingParams
+
+    def second_step(**kw) -> list[int]:
+        llm = LLM(llama_dir, device="cpu", dtype="float32", max_num_batched_tokens=64, **kw)
+        eng = llm.engine
+        eng.add_request("a", [3, 4, 5], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+        eng.step(), eng.step()                               # "a" decodes
+        eng.add_request("b", list(range(3, 103)), SamplingParams(max_tokens=2, temperature=0.0))
+        return llm.engine.config.scheduler.long_prefill_token_threshold, \
+            [s.num_new_tokens for s in eng.scheduler.schedule().scheduled]
+
+    assert second_step() == (64, [1, 63])                              # unpaced: 63 of the 64
+    threshold, rows = second_step(long_prefill_token_threshold=0)
+    assert threshold == 0 and rows[0] == 1 and rows[1] < 63           # paced
