@@ -67,9 +67,12 @@ def _split_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: i
 
 
 def rotary_qkv_store_ref(qkv, positions, cos_sin, num_heads, num_kv_heads, head_dim, k_cache, v_cache,
-                         slot_mapping) -> torch.Tensor:
-    """Reference of `rotary_qkv_store` (same contract) through rotary.apply_rotary."""
+                         slot_mapping, q_norm=None, k_norm=None, eps: float = 0.0) -> torch.Tensor:
+    """Reference of `rotary_qkv_store` (same contract) through rms_norm_ref and rotary.apply_rotary."""
     q, k, v = _split_qkv(qkv, num_heads, num_kv_heads, head_dim)
+    if q_norm is not None:   # Qwen3 / GLM: each head RMS-normed before rotary
+        q.copy_(rms_norm_ref(q, q_norm, eps)[0])
+        k = rms_norm_ref(k, k_norm, eps)[0]
     half = cos_sin.shape[1] // 2
     cs = cos_sin[positions]
     # The table holds each frequency once; HF duplicates it ([f, f]) and rounds to the model dtype.
@@ -113,20 +116,39 @@ if triton is not None:
         tl.store(out_ptr + row * stride_o + c, (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=ok)
 
     @triton.jit
-    def _rotary_qkv_store_kernel(qkv_ptr, pos_ptr, cs_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
-                                 stride_t, stride_cs, stride_kc, stride_kh, stride_vc, stride_vh,
+    def _head_norm(base, w_ptr, i, i_ok, eps, D: tl.constexpr, D_PAD: tl.constexpr):
+        """RMSNorm of the head at `base` (D values) as `_rms_norm_kernel` rounds it, at the
+        offsets `i`: its inverse RMS from one load of the whole head (the same fp32 sum as that
+        kernel's), then weight * normed.to(dtype), rounded to the dtype."""
+        d = tl.arange(0, D_PAD)
+        h = tl.load(base + d, mask=d < D, other=0.0).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / D + eps)
+        x = tl.load(base + i, mask=i_ok, other=0.0)
+        normed = (x.to(tl.float32) * inv).to(x.dtype).to(tl.float32)
+        return (tl.load(w_ptr + i, mask=i_ok, other=0.0).to(tl.float32) * normed).to(x.dtype)
+
+    @triton.jit
+    def _rotary_qkv_store_kernel(qkv_ptr, pos_ptr, cs_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, qn_ptr, kn_ptr,
+                                 stride_t, stride_cs, stride_kc, stride_kh, stride_vc, stride_vh, eps,
                                  NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
-                                 D_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+                                 D_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                                 NORM: tl.constexpr):
         """Program (t, h): q head h (h < NUM_HEADS, rotated in place) or KV head h - NUM_HEADS
-        (k rotated and stored, v stored; slot < 0 skips the store)."""
+        (k rotated and stored, v stored; slot < 0 skips the store). NORM: q and k heads are
+        RMS-normed first (weights qn / kn [D]); q's normed tail (partial rotary) is stored too."""
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         pos = tl.load(pos_ptr + t)
         i = tl.arange(0, HALF_PAD)
         i_ok = i < HALF
         base = qkv_ptr + t * stride_t + h * D  # the k heads follow the q heads in qkv
-        x1 = tl.load(base + i, mask=i_ok, other=0.0)
-        x2 = tl.load(base + HALF + i, mask=i_ok, other=0.0)
+        if NORM:
+            w_ptr = qn_ptr if h < NUM_HEADS else kn_ptr
+            x1 = _head_norm(base, w_ptr, i, i_ok, eps, D, D_PAD)
+            x2 = _head_norm(base, w_ptr, HALF + i, i_ok, eps, D, D_PAD)
+        else:
+            x1 = tl.load(base + i, mask=i_ok, other=0.0)
+            x2 = tl.load(base + HALF + i, mask=i_ok, other=0.0)
         ty = x1.dtype
         # HF rounds cos/sin to the model dtype and rounds every product and sum once.
         c = tl.load(cs_ptr + pos * stride_cs + i, mask=i_ok, other=0.0).to(ty).to(tl.float32)
@@ -136,8 +158,14 @@ if triton is not None:
         o1 = ((a1 * c).to(ty).to(tl.float32) - (a2 * s).to(ty).to(tl.float32)).to(ty)
         o2 = ((a2 * c).to(ty).to(tl.float32) + (a1 * s).to(ty).to(tl.float32)).to(ty)
         if h < NUM_HEADS:
+            if NORM and 2 * HALF < D:   # partial rotary: q's tail is normed, not rotated
+                d = tl.arange(0, D_PAD)
+                rest = (d >= 2 * HALF) & (d < D)
+                tail = _head_norm(base, qn_ptr, d, rest, eps, D, D_PAD)
             tl.store(base + i, o1, mask=i_ok)
             tl.store(base + HALF + i, o2, mask=i_ok)
+            if NORM and 2 * HALF < D:
+                tl.store(base + d, tail, mask=rest)
         else:
             kvh = h - NUM_HEADS
             slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -147,7 +175,10 @@ if triton is not None:
                 tl.store(kdst + HALF + i, o2.to(k_cache_ptr.dtype.element_ty), mask=i_ok)
                 d = tl.arange(0, D_PAD)
                 rest = (d >= 2 * HALF) & (d < D)  # partial rotary: the tail passes through
-                tail = tl.load(base + d, mask=rest, other=0.0)
+                if NORM:
+                    tail = _head_norm(base, kn_ptr, d, rest, eps, D, D_PAD)
+                else:
+                    tail = tl.load(base + d, mask=rest, other=0.0)
                 tl.store(kdst + d, tail.to(k_cache_ptr.dtype.element_ty), mask=rest)
                 v = tl.load(base + NUM_KV * D + d, mask=d < D, other=0.0)
                 vdst = v_cache_ptr + slot * stride_vc + kvh * stride_vh
@@ -204,8 +235,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 def rotary_qkv_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, num_heads: int,
                      num_kv_heads: int, head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     slot_mapping: torch.Tensor) -> torch.Tensor:
+                     slot_mapping: torch.Tensor, q_norm: torch.Tensor | None = None,
+                     k_norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     """Neox-style ("rotate_half") rotary on q and k of a fused projection, and the KV store.
+    With `q_norm` and `k_norm` ([D] weights; Qwen3, GLM's use_qk_norm) every q and k head is
+    first RMS-normed over its D values (as `rms_norm` rounds, epsilon `eps`) in the same
+    kernel: one launch where the separate norms took three (two norms and a concatenation).
 
     qkv [T, (Hq + 2 Hkv) * D] (rows may be strided, columns contiguous); positions [T] int64;
     cos_sin [max_pos, rot_dim] fp32 (`RotaryEmbedding.cos_sin_cache`; rot_dim <= D, partial rotary
@@ -224,17 +259,21 @@ def rotary_qkv_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.
     if positions.shape != (qkv.shape[0],) or slot_mapping.shape != (qkv.shape[0],):
         raise ValueError(f"rotary_qkv_store: positions {tuple(positions.shape)} / slot_mapping "
                          f"{tuple(slot_mapping.shape)} must be [T] = [{qkv.shape[0]}]")
+    if (q_norm is None) != (k_norm is None) or (q_norm is not None and (q_norm.shape != (head_dim,)
+                                                                       or k_norm.shape != (head_dim,))):
+        raise ValueError(f"rotary_qkv_store: q_norm and k_norm go together, each [head_dim] = [{head_dim}]")
     if not use_triton(qkv):
         return rotary_qkv_store_ref(qkv, positions, cos_sin, num_heads, num_kv_heads, head_dim,
-                                    k_cache, v_cache, slot_mapping)
+                                    k_cache, v_cache, slot_mapping, q_norm, k_norm, eps)
     if qkv.stride(1) != 1 or cos_sin.stride(1) != 1 or k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
         raise ValueError("rotary_qkv_store: qkv, cos_sin and the caches need contiguous last dims")
     T = qkv.shape[0]
     if T:
         half = rot // 2
+        norm = q_norm is not None
         _rotary_qkv_store_kernel[(T, num_heads + num_kv_heads)](
-            qkv, positions, cos_sin, slot_mapping, k_cache, v_cache, qkv.stride(0), cos_sin.stride(0),
-            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-            NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=head_dim, D_PAD=_next_pow2(head_dim),
-            HALF=half, HALF_PAD=_next_pow2(half), num_warps=1)
+            qkv, positions, cos_sin, slot_mapping, k_cache, v_cache, q_norm if norm else qkv, k_norm if norm else qkv,
+            qkv.stride(0), cos_sin.stride(0), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
+            v_cache.stride(1), float(eps), NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=head_dim,
+            D_PAD=_next_pow2(head_dim), HALF=half, HALF_PAD=_next_pow2(half), NORM=norm, num_warps=1)
     return q

@@ -131,29 +131,27 @@ class Attention(nn.Module):
 
     def _qkv(self, x: torch.Tensor) -> torch.Tensor:
         if self.qkv_proj is not None:
-            qkv = self.qkv_proj(x)
-        else:
-            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        if self.qk_norm:  # Qwen3: per-head RMSNorm of q and k before rotary
-            T = x.shape[0]
-            q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-            q = self.q_norm(q.reshape(T, self.nh, self.hd)).reshape(T, -1)
-            k = self.k_norm(k.reshape(T, self.nkv, self.hd)).reshape(T, -1)
-            qkv = torch.cat([q, k, v], dim=-1)
-        return qkv
+            return self.qkv_proj(x)
+        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+
+    def _rotary_store(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, kc: torch.Tensor,
+                      vc: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """The projection, then (Qwen3: the per-head RMSNorm of q and k,) rotary and the KV
+        store in one kernel; returns the rotated q."""
+        norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else ()
+        return fused_ops.rotary_qkv_store(self._qkv(x), positions, cos_sin, self.nh, self.nkv, self.hd, kc, vc,
+                                          slot_mapping, *norms)
 
     def store_kv(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, cache: tuple,
                  slot_mapping: torch.Tensor) -> None:
         """Rotate and store K/V for x at `slot_mapping` without attention (the EAGLE-3 draft
         refresh). Computes q too: cheap next to the step, and one code path."""
-        fused_ops.rotary_qkv_store(self._qkv(x), positions, cos_sin, self.nh, self.nkv, self.hd, cache[0],
-                                   cache[1], slot_mapping)
+        self._rotary_store(x, positions, cos_sin, cache[0], cache[1], slot_mapping)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
         kc, vc = ctx.kv_caches[self.layer_id]
-        q = fused_ops.rotary_qkv_store(self._qkv(x), positions, cos_sin, self.nh, self.nkv, self.hd, kc, vc,
-                                       ctx.meta.slot_mapping)
+        q = self._rotary_store(x, positions, cos_sin, kc, vc, ctx.meta.slot_mapping)
         o = ctx.backend.forward(q, kc, vc, ctx.meta, self.scale, self.window)
         return self.o_proj(o.reshape(x.shape[0], self.nh * self.hd))
 

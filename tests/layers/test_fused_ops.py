@@ -133,6 +133,42 @@ def test_rotary_qkv_store_matches_llama(path, dtype, rope, partial):
     assert k_cache[unused].isnan().all() and v_cache[unused].isnan().all()  # slot -1 wrote nothing
 
 
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("partial", [1.0, 0.5])
+def test_rotary_qkv_store_with_head_norms_matches_qwen3(path, dtype, partial):
+    """q_norm / k_norm in the kernel: what Qwen3 (and GLM's use_qk_norm) does unfused: each q
+    and k head RMS-normed (RMSNorm over head_dim), then rotary; v untouched by the norms."""
+    T, Hq, Hkv, D, max_pos, eps = 5, 4, 2, 16, 64, 1e-6
+    rotary = RotaryEmbedding(D, {"rope_type": "default", "rope_theta": 10000.0}, max_pos, partial=partial)
+    table = rotary.cos_sin_cache(max_pos, torch.device("cpu"))
+    qn, kn = RMSNorm(D, eps), RMSNorm(D, eps)
+    with torch.no_grad():
+        qn.weight.copy_(1 + 0.2 * rnd(D, seed=8))
+        kn.weight.copy_(1 - 0.2 * rnd(D, seed=9))
+    qn, kn = qn.to(dtype), kn.to(dtype)
+    qkv = 3 * rnd(T, (Hq + 2 * Hkv) * D, dtype=dtype, seed=6)
+    positions = torch.tensor([0, 5, 9, 30, 63])
+    slots = torch.tensor([3, 0, -1, 7, 1])
+    k_cache = torch.full((8, Hkv, D), float("nan"), dtype=dtype)
+    v_cache = torch.full((8, Hkv, D), float("nan"), dtype=dtype)
+    before = qkv.clone()
+    with torch.no_grad():
+        q = fused_ops.rotary_qkv_store(qkv, positions, table, Hq, Hkv, D, k_cache, v_cache, slots,
+                                       qn.weight, kn.weight, eps)
+        cos, sin = rotary.cos_sin(positions, dtype)
+        q_ref = apply_rotary(qn(before[:, : Hq * D].view(T, Hq, D)), cos, sin)
+        k_ref = apply_rotary(kn(before[:, Hq * D: (Hq + Hkv) * D].view(T, Hkv, D)), cos, sin)
+    v_ref = before[:, (Hq + Hkv) * D:].view(T, Hkv, D)
+    keep = slots >= 0
+    assert_same(q, q_ref, path)
+    assert_same(k_cache[slots[keep]], k_ref[keep], path)
+    assert torch.equal(v_cache[slots[keep]], v_ref[keep])
+    assert torch.equal(qkv[:, Hq * D:], before[:, Hq * D:])   # the k part of qkv left as it was
+    with pytest.raises(ValueError, match="go together"):
+        fused_ops.rotary_qkv_store(qkv, positions, table, Hq, Hkv, D, k_cache, v_cache, slots, qn.weight)
+
+
 def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="not even"):
         fused_ops.silu_and_mul(torch.zeros(2, 5))
@@ -173,3 +209,11 @@ def test_fused_ops_on_gpu_match_reference():
     assert torch.equal(caches[1], caches[3])
     torch.testing.assert_close(q, q2, atol=1e-2, rtol=2 ** -7)
     torch.testing.assert_close(caches[0], caches[2], atol=1e-2, rtol=2 ** -7)
+    # With Qwen3's head norms fused in: against the reference (norms, then rotary) on the GPU.
+    qn, kn = ((1 + 0.2 * rnd(128, seed=s)).to(dtype).to(dev) for s in (6, 7))
+    qkv, qkv2 = (3 * rnd(33, 48 * 128, dtype=dtype, seed=8).to(dev) for _ in range(2))
+    q = fused_ops.rotary_qkv_store(qkv, pos, table, 32, 8, 128, caches[0], caches[1], slots, qn, kn, 1e-6)
+    q2 = fused_ops.rotary_qkv_store_ref(qkv2, pos, table, 32, 8, 128, caches[2], caches[3], slots, qn, kn, 1e-6)
+    assert torch.equal(caches[1], caches[3])
+    torch.testing.assert_close(q, q2, atol=2e-2, rtol=2 ** -6)
+    torch.testing.assert_close(caches[0], caches[2], atol=2e-2, rtol=2 ** -6)
