@@ -22,6 +22,7 @@ from torch import nn
 
 from adaspec.layers import fused_ops
 from adaspec.layers.attention import get_forward_context
+from adaspec.layers.linear import SmallLinear
 from adaspec.layers.rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -73,11 +74,11 @@ class RMSNorm(nn.Module):
         return out if residual is None else (out, res)
 
 
-def merge_linears(parts: list[nn.Linear]) -> nn.Linear:
-    """One Linear whose output is the concatenation of `parts`' outputs (weights moved, not copied twice)."""
+def merge_linears(parts: list[nn.Linear], cls: type[nn.Linear] = nn.Linear) -> nn.Linear:
+    """One `cls` whose output is the concatenation of `parts`' outputs (weights moved, not copied twice)."""
     w = torch.cat([p.weight.data for p in parts], dim=0)
     bias = parts[0].bias is not None
-    lin = nn.Linear(w.shape[1], w.shape[0], bias=bias, device=w.device, dtype=w.dtype)
+    lin = cls(w.shape[1], w.shape[0], bias=bias, device=w.device, dtype=w.dtype)
     lin.weight.data = w
     if bias:
         lin.bias.data = torch.cat([p.bias.data for p in parts], dim=0)
@@ -115,7 +116,8 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(in_dim, self.nh * self.hd, bias=spec.qkv_bias)
         self.k_proj = nn.Linear(in_dim, self.nkv * self.hd, bias=spec.qkv_bias)
         self.v_proj = nn.Linear(in_dim, self.nkv * self.hd, bias=spec.qkv_bias)
-        self.o_proj = nn.Linear(self.nh * self.hd, spec.hidden_size, bias=False)
+        # The projections of few rows (decode at batch 1) take a Triton GEMV (layers/linear.py).
+        self.o_proj = SmallLinear(self.nh * self.hd, spec.hidden_size, bias=False)
         if spec.qk_norm:
             self.q_norm = RMSNorm(self.hd, spec.rms_norm_eps)
             self.k_norm = RMSNorm(self.hd, spec.rms_norm_eps)
@@ -126,7 +128,7 @@ class Attention(nn.Module):
         self.qkv_proj: nn.Linear | None = None
 
     def fuse(self) -> None:
-        self.qkv_proj = merge_linears([self.q_proj, self.k_proj, self.v_proj])
+        self.qkv_proj = merge_linears([self.q_proj, self.k_proj, self.v_proj], SmallLinear)
         del self.q_proj, self.k_proj, self.v_proj
 
     def _qkv(self, x: torch.Tensor) -> torch.Tensor:

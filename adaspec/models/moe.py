@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adaspec.layers.linear import linear
 from adaspec.layers.moe import RouterConfig, fused_experts, route
 from adaspec.models.llama import MLP, LlamaForCausalLM, ModelSpec
 
@@ -164,7 +165,7 @@ class Router(nn.Module):
         self.keep_fp32 = moe.router_fp32   # the loader keeps this module in fp32
 
     def forward(self, x: torch.Tensor):
-        logits = F.linear(x.float(), self.weight.float()) if self.keep_fp32 else F.linear(x, self.weight)
+        logits = F.linear(x.float(), self.weight.float()) if self.keep_fp32 else linear(x, self.weight)
         return route(logits, self.cfg, self.e_score_correction_bias if self.has_bias else None)
 
 
