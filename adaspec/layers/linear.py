@@ -1,7 +1,6 @@
 """Linear layers of few rows: a Triton GEMV where cuBLAS leaves bandwidth unused.
 
-At one to four rows (decode and short verifies at batch 1) a linear layer is a read of its
-weight. On the H200 cuBLAS's kernels for the Qwen3-30B-A3B attention projections read at
+At one row (decode at batch 1) a linear layer is a read of its weight. On the H200 cuBLAS's kernels for the Qwen3-30B-A3B attention projections read at
 1.9-2.7 TB/s of the 4.3 the copy probe measures (session 4 call 5's profile: 7.7 us for the
 21 MB qkv projection, 8.8 us with its split-K reduce for the 17 MB o_proj, ~5 us for the 0.5 MB
 router), and they are ~1 ms of a 3.6 ms decode step there.
@@ -11,8 +10,8 @@ router), and they are ~1 ms of a 3.6 ms decode step there.
            the dtype (as cuBLAS does: fp32 accumulation, one rounding). The rows of one tile run
            next to each other, so W is read from HBM once and from L2 for the other rows.
 
-`SmallLinear` is an nn.Linear that takes this path for half-precision CUDA inputs of at most
-`MAX_ROWS` rows when no gradient is wanted (and under the Triton interpreter when
+`SmallLinear` is an nn.Linear that takes this path for half-precision CUDA inputs where
+`gemv_applies` says (one row; up to MAX_ROWS for a router-sized output) when no gradient is wanted (and under the Triton interpreter when
 ADASPEC_TRITON_INTERPRET=1); anything else is F.linear. The result differs from F.linear only in the order of the fp32 sums.
 """
 from __future__ import annotations
@@ -23,7 +22,12 @@ from torch import nn
 
 from adaspec.layers.fused_ops import triton, use_triton
 
-MAX_ROWS = 4
+# Measured on the H200 (benchmarks/kernels/gemv_sweep.py, session 6 call 3), default launch against
+# cuBLAS, one row: 5.1 / 6.4 us (Qwen3-30B-A3B qkv), 4.3 / 7.3 (its o_proj), 2.4 / 4.9 (its router),
+# 11.5 / 13.7 and 6.5 / 9.2 (Llama-3.1-8B qkv, o), 56.1 / 56.2 and 29.1 / 31.0 (its MLP). Each row
+# of a program re-reads its weight tile, so at 2 and 4 rows it loses to cuBLAS (12.6 / 6.1 us for
+# the MoE qkv at 4) except on a router's 128 outputs (2.4 / 4.9 at 4 rows).
+MAX_ROWS, SMALL_N = 4, 1024
 LAUNCH = (8, 512, 4, 3)   # BN, BK, num_warps, num_stages
 
 if triton is not None:
@@ -50,8 +54,10 @@ if triton is not None:
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `gemv` takes x [M, K] (M <= MAX_ROWS, half precision, a Triton device)."""
-    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
+    """Whether `gemv` takes x [M, K]: one row, or up to MAX_ROWS for at most SMALL_N outputs (the
+    router); half precision; a Triton device."""
+    rows = MAX_ROWS if weight.shape[0] <= SMALL_N else 1
+    return (x.dim() == 2 and 0 < x.shape[0] <= rows and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and use_triton(x) and weight.stride(-1) == 1 and x.stride(-1) == 1
             and not (torch.is_grad_enabled() and weight.requires_grad))   # no backward: inference only
 

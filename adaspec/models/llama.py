@@ -92,11 +92,11 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.down_proj = SmallLinear(inter, hidden, bias=False)
         self.gate_up_proj: nn.Linear | None = None
 
     def fuse(self) -> None:
-        self.gate_up_proj = merge_linears([self.gate_proj, self.up_proj])
+        self.gate_up_proj = merge_linears([self.gate_proj, self.up_proj], SmallLinear)
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

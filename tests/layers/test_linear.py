@@ -20,7 +20,8 @@ def rnd(*shape, seed=0):
 
 
 @interpreter
-@pytest.mark.parametrize("M,N,K,bias", [(1, 37, 600, False), (3, 16, 512, True), (4, 9, 1030, True)])
+@pytest.mark.parametrize("M,N,K,bias", [(1, 37, 600, False), (3, 16, 512, True), (4, 9, 1030, True),
+                                        (1, 1100, 520, True)])
 def test_gemv_matches_f_linear(monkeypatch, M, N, K, bias):
     monkeypatch.setenv("ADASPEC_TRITON_INTERPRET", "1")
     x, w = rnd(M, K, seed=1).to(torch.bfloat16), (rnd(N, K, seed=2) / K ** 0.5).to(torch.bfloat16)
@@ -37,17 +38,20 @@ def test_gemv_matches_f_linear(monkeypatch, M, N, K, bias):
 def test_small_linear_takes_the_gemv_only_where_it_applies(monkeypatch):
     monkeypatch.setenv("ADASPEC_TRITON_INTERPRET", "1")
     layer = lin.SmallLinear(64, 24, bias=False).to(torch.bfloat16)
+    wide = lin.SmallLinear(64, lin.SMALL_N + 1, bias=False).to(torch.bfloat16)
     calls = []
     real = lin.gemv
     monkeypatch.setattr(lin, "gemv", lambda *a: calls.append(a[0].shape) or real(*a))
     with torch.no_grad():
-        layer(rnd(2, 64).to(torch.bfloat16))                 # 2 rows, bf16: the GEMV
+        layer(rnd(2, 64).to(torch.bfloat16))                 # 2 rows, few outputs, bf16: the GEMV
         layer(rnd(lin.MAX_ROWS + 1, 64).to(torch.bfloat16))  # too many rows
+        wide(rnd(1, 64).to(torch.bfloat16))                  # one row, many outputs: the GEMV
+        wide(rnd(2, 64).to(torch.bfloat16))                  # two rows, many outputs: cuBLAS
         layer.float()(rnd(2, 64))                            # fp32
-    assert calls == [(2, 64)]
+    assert calls == [(2, 64), (1, 64)]
     layer = layer.to(torch.bfloat16)
     layer(rnd(2, 64).to(torch.bfloat16)).sum().backward()    # a gradient wanted: F.linear
-    assert calls == [(2, 64)] and layer.weight.grad is not None
+    assert calls == [(2, 64), (1, 64)] and layer.weight.grad is not None
 
 
 @pytest.mark.gpu
@@ -56,7 +60,7 @@ def test_small_linear_takes_the_gemv_only_where_it_applies(monkeypatch):
 def test_gemv_on_gpu_matches_f_linear(N, K):
     dev = torch.device("cuda")
     w = (rnd(N, K, seed=2) / K ** 0.5).to(torch.bfloat16).to(dev)
-    for M in range(1, lin.MAX_ROWS + 1):
+    for M in range(1, lin.MAX_ROWS + 1):   # (the kernel itself takes any row count)
         x = rnd(M, K, seed=M).to(torch.bfloat16).to(dev)
         want = F.linear(x.float(), w.float()).to(torch.bfloat16)
         got = lin.gemv(x, w)
