@@ -187,9 +187,8 @@ def stage_forward_inputs(stg: Staging, backend, block_table: torch.Tensor, block
                          shift: Shift | None = None, shift_rows=None, shift_reqs=None):
     """Stage the target forward (always the first thing a step stages: graphs read it at
     fixed addresses); returns (AttnMeta, input ids, positions) as device views."""
-    B = len(fi.q_lens)
     return stage_forward(
-        stg, backend, block_table, block_size, group, q_lens=fi.q_lens, ctx_len=fi.ctx, kv_start=[0] * B,
+        stg, backend, block_table, block_size, group, q_lens=fi.q_lens, ctx_len=fi.ctx, kv_start=0,
         req_row=req_row, positions=fi.positions, cache_index=fi.cache_index, slots=fi.slots, input_ids=fi.ids,
         mask_start=fi.mask_start if tree else None, mask_offset=fi.mask_offset if tree else None,
         mask=np.concatenate(fi.mask) if fi.mask else None, max_ctx_len=max_ctx_len,
