@@ -188,13 +188,12 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
         m_h, m = stg.reserve((1,), torch.uint8)
         m_h[0] = 0
     if shift is not None:
-        ri, rr = shift_rows
+        ri, rr = (np.asarray(a, dtype=np.int64) for a in shift_rows)   # converted once, used thrice
         shift.add(pos, ri, rr)
         shift.add(ci, ri, rr)
         # A row's slot is that of its cache index, `cache_index - position` past its position.
-        ri = np.asarray(ri, dtype=np.int64)
         shift.add_slots(slot, ri, pos, ri, ci_h[ri] - pos_h[ri], rr)
-        qi, qr = np.asarray(shift_reqs[0], dtype=np.int64), shift_reqs[1]
+        qi, qr = (np.asarray(a, dtype=np.int64) for a in shift_reqs)
         shift.add(per_req, qi, qr)                    # ctx_len
         shift.add(per_req, 3 * n4 + qi, qr)           # mask_start
     pr, pg = stg.derive(("forward", per_req.start, n4, n, progs.start, P),
@@ -277,7 +276,7 @@ def stage_decode_steps(stg: Staging, backend, block_table: torch.Tensor, block_s
 def _put(stg: Staging, values, dtype: torch.dtype) -> tuple[np.ndarray, _Ref]:
     """Stage a 1-D list or array; (its host view, its handle)."""
     h, ref = stg.reserve((len(values),), dtype)
-    h[:] = values
+    h[:] = np.asarray(values, dtype=h.dtype)   # (numpy converts a list faster this way than in an assignment)
     return h, ref
 
 
