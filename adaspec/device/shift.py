@@ -25,9 +25,10 @@ class Shift:
 
     def __init__(self, stg: Staging):
         self.stg = stg
-        self.i64: list[np.ndarray] = []    # (element index in the int64 view, device row)
-        self.i32: list[np.ndarray] = []    # the same, int32 view
-        self.slots: list[np.ndarray] = []  # (slot element, position element, offset, device row)
+        # Registered parts, staged as one [k, n] array each by `stage` (no array per part):
+        self.i64: list[tuple] = []    # (element indices in the int64 view, device rows)
+        self.i32: list[tuple] = []    # the same, int32 view
+        self.slots: list[tuple] = []  # (slot elements, position elements, offsets, device rows)
 
     @staticmethod
     def _elements(ref: "_Ref", idx) -> np.ndarray:
@@ -37,26 +38,33 @@ class Shift:
     def add(self, ref: "_Ref", idx, rows) -> None:
         """Shift elements `idx` (flat, of `ref`) by the delta of device rows `rows`."""
         if len(idx):
-            pair = np.stack([self._elements(ref, idx), np.asarray(rows, dtype=np.int64)])
-            (self.i64 if ref.dtype == torch.int64 else self.i32).append(pair)
+            (self.i64 if ref.dtype == torch.int64 else self.i32).append((self._elements(ref, idx), rows))
 
     def add_slots(self, slot_ref: "_Ref", idx, pos_ref: "_Ref", pos_idx, offset, rows) -> None:
         """Recompute slots `idx` of `slot_ref` as the slot of cache index pos_ref[pos_idx] +
         offset (after the shift; `offset` an int or one per slot), where they are not -1."""
         if len(idx):
-            n = len(idx)
-            self.slots.append(np.stack([self._elements(slot_ref, idx), self._elements(pos_ref, pos_idx),
-                                        np.broadcast_to(np.asarray(offset, np.int64), (n,)),
-                                        np.asarray(rows, dtype=np.int64)]))
+            self.slots.append((self._elements(slot_ref, idx), self._elements(pos_ref, pos_idx), offset, rows))
 
     def __bool__(self) -> bool:
         return bool(self.i64 or self.i32 or self.slots)
 
     def stage(self, into: Staging) -> dict:
         """Stage the index arrays (into the step's buffer); returns handles for `apply`."""
-        cat = (lambda parts, k: np.concatenate(parts, axis=1) if parts else np.zeros((k, 0), np.int64))
-        return {"i64": into.add(cat(self.i64, 2), torch.int64), "i32": into.add(cat(self.i32, 2), torch.int64),
-                "slots": into.add(cat(self.slots, 4), torch.int64)}
+        return {"i64": self._stage(into, self.i64, 2), "i32": self._stage(into, self.i32, 2),
+                "slots": self._stage(into, self.slots, 4)}
+
+    @staticmethod
+    def _stage(into: Staging, parts: list[tuple], k: int):
+        """The parts side by side, one [k, n] int64 field (an int broadcasts over its part)."""
+        h, ref = into.reserve((k, sum(len(p[0]) for p in parts)), torch.int64)
+        at = 0
+        for p in parts:
+            m = len(p[0])
+            for r in range(k):
+                h[r, at: at + m] = p[r]
+            at += m
+        return ref
 
     def apply(self, staged: dict, last_count: torch.Tensor, block_table: torch.Tensor, block_size: int) -> None:
         dev = self.stg.dev

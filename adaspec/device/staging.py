@@ -12,6 +12,10 @@ nothing of requests, plans or speculation; the engine and the drafters build on 
 """
 from __future__ import annotations
 
+import functools
+import math
+from itertools import accumulate
+
 import numpy as np
 import torch
 
@@ -37,10 +41,15 @@ class Staging:
         self.nbytes = nbytes
         self.which = 0
         self.host, self.host_np = self.hosts[0], self.host_nps[0]
+        # Each host buffer viewed as every staged dtype: fields start on 16-byte boundaries, so
+        # a field is whole elements of its dtype and is written with one typed assignment.
+        self.typed_views = [{dt: h.view(npdt) for dt, npdt in _NP_DTYPE.items()} for h in self.host_nps]
+        self.typed = self.typed_views[0]
         self.offset = 0
         # Device views by (start, size, dtype, shape): a step stages the same fields at the same
         # offsets as the last one, and building a view costs host time (several ops) per field.
         self.views: dict[tuple, torch.Tensor] = {}
+        self.derived: dict[tuple, object] = {}   # views built from views (`derive`), the same way
 
     def view(self, start: int, size: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
         key = (start, size, dtype, shape)
@@ -52,25 +61,58 @@ class Staging:
             t = self.views[key] = raw.view(dtype).view(shape)
         return t
 
+    def derive(self, key: tuple, build):
+        """`build()` (views of staged fields, e.g. the rows of a table), cached under `key`,
+        which must name everything the views depend on (their fields' starts and shapes, the
+        slices taken): like `view`, a step that stages the same layout reuses them."""
+        out = self.derived.get(key)
+        if out is None:
+            if len(self.derived) >= 8192:
+                self.derived.clear()
+            out = self.derived[key] = build()
+        return out
+
     def begin(self) -> None:
         self.which = (self.which + 1) % len(self.hosts)
         if self.copied[self.which] is not None:
             self.copied[self.which].synchronize()
         self.host, self.host_np = self.hosts[self.which], self.host_nps[self.which]
+        self.typed = self.typed_views[self.which]
         self.offset = 0
+
+    def reserve(self, shape: tuple, dtype: torch.dtype) -> tuple[np.ndarray, "_Ref"]:
+        """Room for a field of `shape` and `dtype` at the next 16-byte boundary: (its host view,
+        for the caller to fill before `commit()`, with no intermediate array; its handle).
+        Elements left unfilled hold whatever the buffer held: views must not read them."""
+        size = _ELEMENT_SIZE[dtype]
+        n = math.prod(shape)
+        start = self.offset
+        end = start + n * size
+        if end > self.nbytes:
+            raise RuntimeError(f"step staging buffer overflow ({end} > {self.nbytes} bytes)")
+        self.offset = (end + _ALIGN - 1) // _ALIGN * _ALIGN
+        el = start // size
+        return self.typed[dtype][el: el + n].reshape(shape), _Ref(self, start, n, dtype, shape)
 
     def add(self, array, dtype: torch.dtype) -> "_Ref":
         """Stage `array` (anything numpy accepts) as `dtype`; returns a handle whose `.t` is the
         device tensor after `commit()`."""
         a = np.asarray(array, dtype=_NP_DTYPE[dtype])
-        n = a.nbytes
-        start = self.offset
-        end = start + n
-        if end > self.nbytes:
-            raise RuntimeError(f"step staging buffer overflow ({end} > {self.nbytes} bytes)")
-        self.host_np[start:end] = a.reshape(-1).view(np.uint8)
-        self.offset = (end + _ALIGN - 1) // _ALIGN * _ALIGN
-        return _Ref(self, start, a.size, dtype, a.shape)
+        view, ref = self.reserve(a.shape, dtype)
+        view[...] = a
+        return ref
+
+    def add_rows(self, rows, dtype: torch.dtype) -> list["_Ref"]:
+        """Stage each row of `rows` ([k, n], anything numpy accepts) as a field of its own, on
+        its own 16-byte boundary: the bytes k `add`s of the rows would write, in one copy."""
+        a = np.asarray(rows, dtype=_NP_DTYPE[dtype])
+        k, n = a.shape
+        size = _ELEMENT_SIZE[dtype]
+        width = -(-n * size // _ALIGN) * _ALIGN // size   # a row padded to 16 bytes
+        view, ref = self.reserve((k, width), dtype)
+        view[:, :n] = a
+        step = width * size
+        return [_Ref(self, ref.start + i * step, n, dtype, (n,)) for i in range(k)]
 
     def commit(self) -> None:
         """One host->device copy of everything staged since `begin()`."""
@@ -101,60 +143,67 @@ class _Ref:
 
 
 def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: int, group: int, *,
-                  q_lens, ctx_len, kv_start, req_row, positions, cache_index, slots, input_ids=None,
+                  q_lens: list, ctx_len, kv_start, req_row, positions, cache_index, slots, input_ids=None,
                   mask_start=None, mask_offset=None, mask=None, max_ctx_len=None,
                   shift=None, shift_rows=None, shift_reqs=None):
     """Stage one forward's inputs; returns (AttnMeta, input_ids or None, positions) as device
-    views (valid once `stg.commit()` ran). Per-request arrays have one entry per request,
-    per-row arrays one per query row (see AttnMeta for the meaning). With `shift`, the rows
+    views (valid once `stg.commit()` ran). Per-request arrays have one entry per request
+    (`kv_start` and `mask_offset` may be one int for all), per-row arrays one per query row
+    (see AttnMeta for the meaning); lists or numpy arrays, written straight into the staging
+    buffer. With `shift`, the rows
     `shift_rows` = (row indices, device rows) and the requests `shift_reqs` = (request indices,
     device rows) get their positions, cache indices, slots, context lengths (and mask starts)
     corrected on the device (see `Shift`); `max_ctx_len` must then bound the shifted lengths."""
-    q_lens = np.asarray(q_lens, dtype=np.int64)
-    ctx = np.asarray(ctx_len, dtype=np.int64)
-    max_q = int(q_lens.max()) if len(q_lens) else 0
-    bq = backend.block_q(max(1, max_q), group, len(q_lens))
+    n = len(q_lens)
+    max_q = max(q_lens, default=0)
+    bq = backend.block_q(max(1, max_q), group, n)
     prog_req, prog_q0 = launch_plan(q_lens, bq)
-    qs = np.zeros(len(q_lens) + 1, dtype=np.int64)
-    np.cumsum(q_lens, out=qs[1:])
-    ids = stg.add(input_ids, torch.int64) if input_ids is not None else None
-    pos = stg.add(positions, torch.int64)
-    slot = stg.add(slots, torch.int64)
-    ci = stg.add(cache_index, torch.int32)
+    ids = _put(stg, input_ids, torch.int64)[1] if input_ids is not None else None
+    pos_h, pos = _put(stg, positions, torch.int64)
+    slot = _put(stg, slots, torch.int64)[1]
+    ci_h, ci = _put(stg, cache_index, torch.int32)
     # Rows of the per-request and per-program tables start on 16-byte boundaries: Triton
     # specializes a kernel on each pointer's alignment, so a row at 4 * n bytes would compile
     # another variant of the attention kernel for every batch size n mod 4, in the middle of
     # serving (seen as stalls of 0.4-0.7 s on the H200).
-    n, n4 = len(ctx), _pad4(len(ctx))
-    per_req = np.zeros((5, n4), dtype=np.int64)
-    per_req[:, :n] = np.stack([ctx, np.asarray(kv_start), np.asarray(req_row),
-                               ctx if mask_start is None else np.asarray(mask_start),
-                               np.zeros_like(ctx) if mask_offset is None else np.asarray(mask_offset)])
-    per_req = stg.add(per_req, torch.int32)
-    q_start = stg.add(qs, torch.int32)
+    n4 = _pad4(n)
+    rq, per_req = stg.reserve((5, n4), torch.int32)
+    rq[0, :n] = ctx_len
+    rq[1, :n] = kv_start
+    rq[2, :n] = req_row
+    rq[3, :n] = rq[0, :n] if mask_start is None else mask_start
+    rq[4, :n] = 0 if mask_offset is None else mask_offset
+    rq[:, n:] = 0
+    qs, q_start = stg.reserve((n + 1,), torch.int32)
+    qs[0] = 0
+    qs[1:] = list(accumulate(q_lens))
     P = len(prog_req)
-    pg_host = np.zeros((2, _pad4(P)), dtype=np.int64)
-    pg_host[:, :P] = np.stack([prog_req, prog_q0]) if P else 0
-    progs = stg.add(pg_host, torch.int32)
-    m = stg.add(mask if mask is not None and len(mask) else np.zeros(1), torch.uint8)
+    pg_h, progs = stg.reserve((2, _pad4(P)), torch.int32)
+    pg_h[0, :P] = prog_req
+    pg_h[1, :P] = prog_q0
+    pg_h[:, P:] = 0
+    if mask is not None and len(mask):
+        m = stg.add(mask, torch.uint8)
+    else:
+        m_h, m = stg.reserve((1,), torch.uint8)
+        m_h[0] = 0
     if shift is not None:
-        ri, rr = shift_rows
+        ri, rr = (np.asarray(a, dtype=np.int64) for a in shift_rows)   # converted once, used thrice
         shift.add(pos, ri, rr)
         shift.add(ci, ri, rr)
         # A row's slot is that of its cache index, `cache_index - position` past its position.
-        off = np.asarray(cache_index, dtype=np.int64)[ri] - np.asarray(positions, dtype=np.int64)[ri]
-        shift.add_slots(slot, ri, pos, ri, off, rr)
-        qi, qr = np.asarray(shift_reqs[0], dtype=np.int64), shift_reqs[1]
+        shift.add_slots(slot, ri, pos, ri, ci_h[ri] - pos_h[ri], rr)
+        qi, qr = (np.asarray(a, dtype=np.int64) for a in shift_reqs)
         shift.add(per_req, qi, qr)                    # ctx_len
         shift.add(per_req, 3 * n4 + qi, qr)           # mask_start
-    pr = per_req.t[:, :n]
-    pg = progs.t[:, :P]
+    pr, pg = stg.derive(("forward", per_req.start, n4, n, progs.start, P),
+                        lambda: (tuple(per_req.t[:, :n]), tuple(progs.t[:, :P])))
     meta = AttnMeta(
         positions=pos.t, cache_index=ci.t, slot_mapping=slot.t, query_start=q_start.t,
         ctx_len=pr[0], kv_start=pr[1], req_row=pr[2], mask_start=pr[3], mask_offset=pr[4],
         block_table=block_table, mask=m.t, prog_req=pg[0], prog_q0=pg[1], block_q=bq,
         block_size=block_size, max_q_len=max_q,
-        max_ctx_len=max_ctx_len if max_ctx_len is not None else (int(ctx.max()) if len(ctx) else 0))
+        max_ctx_len=max_ctx_len if max_ctx_len is not None else (int(np.max(ctx_len)) if n else 0))
     return meta, (ids.t if ids is not None else None), pos.t
 
 
@@ -163,34 +212,39 @@ def stage_decode_steps(stg: Staging, backend, block_table: torch.Tensor, block_s
                        slots: np.ndarray, max_ctx_len: list[int], shift=None, shift_reqs=None) -> list:
     """Stage K forwards of one query row per request at once (chain draft steps): the per-step
     arrays are [K, B] and go in as one field each, so K forwards cost what one does on the
-    host. Returns [(AttnMeta, positions)] per step, each step's fields views of row k (rows
-    start on 16-byte boundaries, see `stage_forward`). With `shift`, the requests
+    host (`kv_start` and `req_row` [B] or one int, the same in every step; each step's
+    mask_start = its ctx_len). Returns [(AttnMeta, positions)] per step, each step's fields views of row k (rows
+    start on 16-byte boundaries, see `stage_forward`); the views are built once per layout
+    (`Staging.derive`). With `shift`, the requests
     `shift_reqs` = (request indices, device rows) are corrected on the device in every step."""
     K, B = positions.shape
     b2, n4 = -(-B // 2) * 2, _pad4(B)
-    bq = backend.block_q(1, group, B)
-    prog_req, prog_q0 = launch_plan(np.ones(B, np.int64), bq)
+    bq = backend.block_q(1, group, B)   # >= 1: one program per request (launch_plan)
 
-    def padded(a, width, dtype=np.int64):
-        out = np.zeros((K, width), dtype=dtype)
-        out[:, :B] = a
-        return out
+    def field(a, width, dtype):
+        h, ref = stg.reserve((K, width), dtype)
+        h[:, :B] = a
+        h[:, B:] = 0
+        return ref
 
-    pos = stg.add(padded(positions, b2), torch.int64)
-    slot = stg.add(padded(slots, b2), torch.int64)
-    ci = stg.add(padded(cache_index, n4), torch.int32)
-    per_req = np.zeros((K, 5, n4), dtype=np.int64)
-    per_req[:, 0, :B] = ctx_len
-    per_req[:, 1, :B] = np.asarray(kv_start)
-    per_req[:, 2, :B] = np.asarray(req_row)
-    per_req[:, 3, :B] = ctx_len
-    per_req = stg.add(per_req, torch.int32)
-    q_start = stg.add(np.arange(B + 1), torch.int32)
-    P = len(prog_req)
-    pg_host = np.zeros((2, _pad4(P)), dtype=np.int64)
-    pg_host[:, :P] = np.stack([prog_req, prog_q0]) if P else 0
-    progs = stg.add(pg_host, torch.int32)
-    m = stg.add(np.zeros(1), torch.uint8)
+    pos = field(positions, b2, torch.int64)
+    slot = field(slots, b2, torch.int64)
+    ci = field(cache_index, n4, torch.int32)
+    rq, per_req = stg.reserve((K, 5, n4), torch.int32)
+    rq[:, 0, :B] = ctx_len
+    rq[:, 1, :B] = kv_start
+    rq[:, 2, :B] = req_row
+    rq[:, 3, :B] = rq[:, 0, :B]
+    rq[:, 4, :B] = 0
+    rq[:, :, B:] = 0
+    qs, q_start = stg.reserve((B + 1,), torch.int32)
+    qs[:] = _arange(B + 1)
+    pg_h, progs = stg.reserve((2, n4), torch.int32)
+    pg_h[0, :B] = _arange(B)
+    pg_h[0, B:] = 0
+    pg_h[1] = 0
+    m_h, m = stg.reserve((1,), torch.uint8)
+    m_h[0] = 0
     if shift is not None:
         qi, qr = np.asarray(shift_reqs[0], dtype=np.int64), list(shift_reqs[1])
         steps = np.arange(K)[:, None]
@@ -201,17 +255,37 @@ def stage_decode_steps(stg: Staging, backend, block_table: torch.Tensor, block_s
         shift.add_slots(slot, e2, pos, e2, 1, rows)   # a row's slot is that of position + 1
         shift.add(per_req, (steps * 5 * n4 + qi).reshape(-1), rows)            # ctx_len
         shift.add(per_req, (steps * 5 * n4 + 3 * n4 + qi).reshape(-1), rows)   # mask_start
+
+    def views():   # per step: (positions, cache index, slots, per-request rows); shared fields
+        per_step = [(pos.t[k, :B], ci.t[k, :B], slot.t[k, :B], tuple(per_req.t[k, :, :B])) for k in range(K)]
+        return per_step, (q_start.t, m.t, progs.t[0, :B], progs.t[1, :B])
+
+    per_step, (q_start_t, m_t, prog_req, prog_q0) = stg.derive(
+        ("decode", pos.start, slot.start, ci.start, per_req.start, q_start.start, progs.start, m.start, K, B), views)
     out = []
-    pg = progs.t[:, :P]
-    for k in range(K):
-        pr = per_req.t[k, :, :B]
+    for k, (pos_t, ci_t, slot_t, pr) in enumerate(per_step):
         meta = AttnMeta(
-            positions=pos.t[k, :B], cache_index=ci.t[k, :B], slot_mapping=slot.t[k, :B], query_start=q_start.t,
+            positions=pos_t, cache_index=ci_t, slot_mapping=slot_t, query_start=q_start_t,
             ctx_len=pr[0], kv_start=pr[1], req_row=pr[2], mask_start=pr[3], mask_offset=pr[4],
-            block_table=block_table, mask=m.t, prog_req=pg[0], prog_q0=pg[1], block_q=bq,
+            block_table=block_table, mask=m_t, prog_req=prog_req, prog_q0=prog_q0, block_q=bq,
             block_size=block_size, max_q_len=1, max_ctx_len=max_ctx_len[k])
-        out.append((meta, meta.positions))
+        out.append((meta, pos_t))
     return out
+
+
+def _put(stg: Staging, values, dtype: torch.dtype) -> tuple[np.ndarray, _Ref]:
+    """Stage a 1-D list or array; (its host view, its handle)."""
+    h, ref = stg.reserve((len(values),), dtype)
+    h[:] = np.asarray(values, dtype=h.dtype)   # (numpy converts a list faster this way than in an assignment)
+    return h, ref
+
+
+@functools.lru_cache(maxsize=1024)
+def _arange(n: int) -> np.ndarray:
+    """np.arange(n), read-only and shared (a step asks for a few lengths, again and again)."""
+    a = np.arange(n, dtype=np.int64)
+    a.flags.writeable = False
+    return a
 
 
 def _pad4(n: int) -> int:

@@ -36,6 +36,7 @@ ENTRY_FIELDS = ("base", "depth", "vreq", "emitted_at", "token", "position", "slo
 class RefreshEntries:
     """Host arrays, one entry per refreshed pair (R) and one per request."""
 
+    table: np.ndarray       # [7, R] the ENTRY_FIELDS rows below, in that order (staged in one copy)
     base: np.ndarray        # [R] forward row of the pair's hidden (a draft's: the root's row)
     depth: np.ndarray       # [R] draft depth of the pair (0: a committed row)
     vreq: np.ndarray        # [R] the request's verify index
@@ -82,9 +83,8 @@ def refresh_entries(sched, lay, D: int | None, pad: int, N: int, pad_row: int, b
         r = s.req
         if not s.refresh:
             if D is not None:   # a post graph's layout: write nothing (row `vi` of a 1-row request)
-                for _ in range(1 + D):
-                    for col, v in zip(cols, (L.row0, 0, max(L.vi, 0), -1, 0, 0, -1)):
-                        col.append(v)
+                for col, v in zip(cols, (L.row0, 0, max(L.vi, 0), -1, 0, 0, -1)):
+                    col.extend([v] * (1 + D))
                 last.append(len(base) - 1)
                 lastadd.append(-1)
                 rows.append(pad_row)
@@ -107,17 +107,18 @@ def refresh_entries(sched, lay, D: int | None, pad: int, N: int, pad_row: int, b
                 fill_from.append(r.row)
             dpos.append(p)
             dslot.append(blocks[(p + 1) // bs] * bs + (p + 1) % bs)
-        if L.pad:   # the pairs of accepted drafts
+        if L.pad:   # the pairs of accepted drafts (depth d: position n-1+d), one column at a time
             depth = L.depth if D is None else D
-            for d in range(1, depth + 1):
-                p = n - 1 + d
-                base.append(L.root)
-                dsel.append(d)
-                vreq.append(L.vi)
-                emj.append(d)
-                htok.append(0)
-                dpos.append(p)
-                dslot.append(blocks[(p + 1) // bs] * bs + (p + 1) % bs if d <= L.depth else -1)
+            ds = range(1, depth + 1)
+            base.extend([L.root] * depth)
+            dsel.extend(ds)
+            vreq.extend([L.vi] * depth)
+            emj.extend(ds)
+            htok.extend([0] * depth)
+            dpos.extend(range(n, n + depth))
+            own = min(depth, L.depth)   # past its own depth: write nothing
+            dslot.extend([blocks[p // bs] * bs + p % bs for p in range(n + 1, n + 1 + own)])
+            dslot.extend([-1] * (depth - own))
             last.append(len(base) - 1 - depth)
             lastadd.append(L.vi)
         else:
@@ -130,23 +131,22 @@ def refresh_entries(sched, lay, D: int | None, pad: int, N: int, pad_row: int, b
             moved_rows.extend([r.row] * (len(base) - first))
     for e in range(pad):   # write nothing; `last` lands in the padding's own row
         vi = len(sched) + e
-        for _ in range(1 + (D or 0)):
-            for col, v in zip(cols, (vi * N, 0, vi, -1, 0, 0, -1)):
-                col.append(v)
+        for col, v in zip(cols, (vi * N, 0, vi, -1, 0, 0, -1)):
+            col.extend([v] * (1 + (D or 0)))
         last.append(len(base) - 1)
         lastadd.append(-1)
         rows.append(pad_row)
     if not base:
         return None
-    arr = [np.asarray(c, dtype=np.int64) for c in cols]
-    return RefreshEntries(*arr, last=np.array([last, lastadd], dtype=np.int64), rows=rows, q_lens=q_lens,
+    table = np.array(cols, dtype=np.int64)
+    return RefreshEntries(table, *table, last=np.array([last, lastadd], dtype=np.int64), rows=rows, q_lens=q_lens,
                           moved=moved, moved_rows=moved_rows, fill_at=fill_at, fill_from=fill_from)
 
 
 def stage_refresh(stg: Staging, e: RefreshEntries) -> RefreshBatch:
-    # One field per array, each 16-byte aligned: a kernel given a row of one [7, R] block
-    # (the positions, to the draft's rotary) would compile a variant per R mod 2.
-    fields = {k: stg.add(getattr(e, k), torch.int64) for k in ENTRY_FIELDS}
+    # One field per row of the table, each 16-byte aligned: a kernel given a row of one packed
+    # [7, R] block (the positions, to the draft's rotary) would compile a variant per R mod 2.
+    fields = dict(zip(ENTRY_FIELDS, stg.add_rows(e.table, torch.int64)))
     return RefreshBatch(fields, stg.add(e.last, torch.int64), stg.add(e.rows, torch.int64))
 
 

@@ -33,12 +33,12 @@ class DraftRoutes:
 
 
 def stage_routes(stg: Staging, lay, rows: list[int], K: int) -> DraftRoutes:
-    spec = lay.drafting
-    root = [lay.reqs[i].root for i in spec]
-    return DraftRoutes(stg.add([rows[i] for i in spec], torch.int64),
-                       stg.add([lay.reqs[i].vi for i in spec], torch.int64),
-                       stg.add(root, torch.int64),
-                       stg.add([[r + 1 + j for j in range(K)] for r in root], torch.int64))
+    spec, reqs = lay.drafting, lay.reqs
+    root = [reqs[i].root for i in spec]
+    src, vidx, root_rows = stg.add_rows([[rows[i] for i in spec], [reqs[i].vi for i in spec], root], torch.int64)
+    h, draft_rows = stg.reserve((len(spec), K), torch.int64)
+    h[...] = np.asarray(root, dtype=np.int64)[:, None] + np.arange(1, K + 1)
+    return DraftRoutes(src, vidx, root_rows, draft_rows)
 
 
 @dataclass
@@ -64,22 +64,25 @@ class ChainDrafter:
         positions >= 0). `max_ctx_len` overrides the bound (graph capture: the longest context).
         The steps' metadata goes to the drafter's own static buffer, laid out per (batch, K)
         so that a captured draft graph finds it; all K steps are staged as one (`stage_decode_steps`)."""
-        bs = self.block_size
+        bs, B = self.block_size, len(ns)
         st = np.arange(K, dtype=np.int64)[:, None]
-        real = np.array([b is not None for b in blocks])
         cidx = ns[None, :] - 1 + st                                   # [K, B]
-        ctx = np.where(real[None, :], ns[None, :] + st, 0)
-        slots = np.full((K, len(ns)), -1, dtype=np.int64)
-        for j, (blk, d) in enumerate(zip(blocks, depth)):
-            if blk is not None:
-                for k in range(min(K, d)):
-                    c = int(cidx[k, j])
-                    slots[k, j] = blk[c // bs] * bs + c % bs
-        bound = [max_ctx_len] * K if max_ctx_len is not None else \
-            ([int(c) + slack for c in ctx.max(axis=1)] if len(ns) else [0] * K)
+        ctx = cidx + 1
+        if None in blocks:   # padding: no keys
+            ctx *= np.array([b is not None for b in blocks])
+        # Step k writes the pair at cache index n-1+k, for the request's own depth only.
+        none = [-1] * K
+        slots = np.array([none if blk is None else
+                          [blk[c // bs] * bs + c % bs for c in range(n - 1, n - 1 + min(K, d))] + none[:max(0, K - d)]
+                          for blk, n, d in zip(blocks, ns.tolist(), depth)], dtype=np.int64).reshape(B, K).T
+        if max_ctx_len is not None:
+            bound = [max_ctx_len] * K
+        else:   # the longest context of each step (0 when every request is padding)
+            top = max((n for n, b in zip(ns.tolist(), blocks) if b is not None), default=None)
+            bound = [(0 if top is None else top + k) + slack for k in range(K)] if B else [0] * K
         stg.begin()
         steps = stage_decode_steps(stg, self.backend, self.block_table, bs, self.group, ctx_len=ctx,
-                                   kv_start=[1] * len(ns), req_row=rows, positions=ns[None, :] - 2 + st,
+                                   kv_start=1, req_row=rows, positions=cidx - 1,
                                    cache_index=cidx, slots=slots, max_ctx_len=bound, shift=shift if moved else None,
                                    shift_reqs=(list(moved), [rows[k] for k in moved]))
         stg.commit()

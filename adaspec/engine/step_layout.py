@@ -143,7 +143,7 @@ def forward_inputs(plan: StepPlan, lay: StepLayout, rows: list[int], block_size:
             rng = range(c, c + nn)
             pos.extend(rng)
             cidx.extend(rng)
-            slots.extend(blocks[p // bs] * bs + p % bs if p >= wf else -1 for p in rng)
+            slots.extend([blocks[p // bs] * bs + p % bs if p >= wf else -1 for p in rng])
         if c + nn > len(toks):   # its last token is still on the device (overlap): filled there
             if nn > 1:
                 ids.append(0)
@@ -163,7 +163,7 @@ def forward_inputs(plan: StepPlan, lay: StepLayout, rows: list[int], block_size:
             pos.extend([n - 1] * (N - 1))
         else:
             pos.extend(range(n, n - 1 + N))
-        slots.extend(blocks[p // bs] * bs + p % bs for p in range(n, n + written))
+        slots.extend([blocks[p // bs] * bs + p % bs for p in range(n, n + written)])
         slots.extend([-1] * (N - 1 - written))
         if tree:   # tree region = the N nodes, root included; drafted trees fill theirs
             m = np.zeros(N * N, dtype=np.uint8)
@@ -187,9 +187,8 @@ def stage_forward_inputs(stg: Staging, backend, block_table: torch.Tensor, block
                          shift: Shift | None = None, shift_rows=None, shift_reqs=None):
     """Stage the target forward (always the first thing a step stages: graphs read it at
     fixed addresses); returns (AttnMeta, input ids, positions) as device views."""
-    B = len(fi.q_lens)
     return stage_forward(
-        stg, backend, block_table, block_size, group, q_lens=fi.q_lens, ctx_len=fi.ctx, kv_start=[0] * B,
+        stg, backend, block_table, block_size, group, q_lens=fi.q_lens, ctx_len=fi.ctx, kv_start=0,
         req_row=req_row, positions=fi.positions, cache_index=fi.cache_index, slots=fi.slots, input_ids=fi.ids,
         mask_start=fi.mask_start if tree else None, mask_offset=fi.mask_offset if tree else None,
         mask=np.concatenate(fi.mask) if fi.mask else None, max_ctx_len=max_ctx_len,
@@ -198,6 +197,10 @@ def stage_forward_inputs(stg: Staging, backend, block_table: torch.Tensor, block
 
 def shifted_rows(lay: StepLayout, rows: list[int]) -> tuple[tuple[list, list], tuple[list, list]]:
     """((query rows, device rows), (request indices, device rows)) of the shifted requests."""
-    srows = [(j, rows[i]) for i in lay.shifted
-             for j in range(lay.reqs[i].row0, lay.reqs[i].row0 + lay.reqs[i].n_new + lay.reqs[i].pad)]
-    return ([j for j, _ in srows], [r for _, r in srows]), (lay.shifted, [rows[i] for i in lay.shifted])
+    qrows, drows = [], []
+    for i in lay.shifted:
+        L = lay.reqs[i]
+        n = L.n_new + L.pad
+        qrows.extend(range(L.row0, L.row0 + n))
+        drows.extend([rows[i]] * n)
+    return (qrows, drows), (lay.shifted, [rows[i] for i in lay.shifted])

@@ -44,26 +44,17 @@ def verify_inputs(lay, pad: int, pad_row: int, rows: list[int]) -> VerifyInputs:
     """The requests that sample (`lay.verify`), then `pad` padding requests of a graph batch
     (each owns its own q = N rows; limit 0 accepts nothing)."""
     N = lay.N
-    vrows, vlim = [], []
-    for i in lay.verify:
-        L = lay.reqs[i]
-        if L.pad:
-            vrows.append(range(L.root, L.root + N))
-            vlim.append(L.depth)
-        else:
-            vrows.append([L.root] * N)
-            vlim.append(0)
-    n = len(lay.reqs)
-    vrows += [range((n + e) * N, (n + e + 1) * N) for e in range(pad)]
-    vlim += [0] * pad
-    Bv = len(vlim)
-    chain_par = np.arange(-1, N - 1, dtype=np.int64)
-    par = np.tile(chain_par, (Bv, 1))
-    for k, i in enumerate(lay.verify):
-        if not lay.reqs[i].pad:
-            par[k] = -1
-    return VerifyInputs(np.array([list(r) for r in vrows], dtype=np.int64).reshape(Bv, N),
-                        np.zeros((Bv, N), np.int64), par, np.asarray(vlim, dtype=np.int64),
+    reqs = [lay.reqs[i] for i in lay.verify]
+    n, Bv = len(lay.reqs), len(reqs) + pad
+    # A drafting request's nodes are its root row and the N-1 draft rows after it, a chain's
+    # parents each the node before; any other request verifies its root N times, parents -1.
+    # Padding request e owns rows (n+e)*N ... as a chain.
+    chain = np.array([L.pad > 0 for L in reqs] + [True] * pad, dtype=bool)[:, None]
+    first = np.array([L.root for L in reqs] + [(n + e) * N for e in range(pad)], dtype=np.int64)
+    nodes = np.arange(N, dtype=np.int64)
+    return VerifyInputs(first[:, None] + nodes * chain, np.zeros((Bv, N), np.int64),
+                        np.where(chain, nodes - 1, -1),
+                        np.array([L.depth if L.pad else 0 for L in reqs] + [0] * pad, dtype=np.int64),
                         [rows[i] for i in lay.verify] + [pad_row] * pad)
 
 
