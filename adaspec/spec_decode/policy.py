@@ -107,8 +107,9 @@ class AutoPolicy(SpeculationPolicy):
 
     goodput(b, d) = b * tau(d) / T(b, d), where
       tau(d)  = 1 + sum_{i<d} r_i, r_i the measured rate at which depth i+1 is reached
-                (an EMA over recent verify steps; depths never measured are extrapolated
-                geometrically from the deepest one that was);
+                (per drafted token: a running mean over its first tokens, then an EMA of ~14
+                tokens' memory, so that batch 1's one token per step does not swing it; depths
+                never measured are extrapolated geometrically from the deepest one that was);
       T(b, d) = measured step time at batch b with depth-d drafts: the fastest of the last
                 `window` steps per batch-size bucket (seeded by a start-up profile,
                 interpolated between buckets). Not a mean: on the H200, runs of steps at
@@ -127,20 +128,27 @@ class AutoPolicy(SpeculationPolicy):
     `probe_every` steps it runs one level deeper than its choice (from off: depth 1), and
     only when that level could win at this batch size if its extra token were always
     accepted, so acceptance at the next depth is measured rather than only extrapolated.
+    Where a deeper level has been measured on fewer than THIN_EVIDENCE tokens, the probe goes
+    that deep and comes ten times as often: at batch 1 a choice that fell back to off on two
+    unlucky tokens otherwise stayed off (a host-bound pair whose chain 4 pays 1.3x ran at
+    0.80-0.93x of it, most steps off; tests/spec_decode/test_policy.py).
     """
 
     name = "auto"
     LOG_EVERY_S = 1.0
+    PRIOR_TOKENS = 4          # the prior rate's weight, in drafted tokens, against the first evidence
+    THIN_EVIDENCE = 8         # a depth measured on fewer drafted tokens is probed 10x as often
     prices_catchup = True
     BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
-    def __init__(self, cfg: SpecConfig, margin: float = 0.05, ema: float = 0.15, probe_every: int = 100,
+    def __init__(self, cfg: SpecConfig, margin: float = 0.05, ema: float = 0.07, probe_every: int = 100,
                  prior_rate: float = 0.6, window: int = 48, resume_horizon: int = 32):
         super().__init__(cfg)
         self.max_depth = self.configured.num_steps
         self.shapes: list[DraftShape | None] = [None] + [self.configured.capped(d) for d in range(1, self.max_depth + 1)]
         self.margin, self.ema, self.probe_every = margin, ema, probe_every
         self.rates: list[float | None] = [None] * self.max_depth  # r_i, None = never measured
+        self.evidence = [0] * self.max_depth                       # drafted tokens behind each r_i
         self.prior_rate = prior_rate
         self.times: dict[tuple[int, int], float] = {}             # (depth, bucket) -> seconds
         self.samples: dict[tuple[int, int], deque] = {}           # the recent step times behind each
@@ -244,14 +252,21 @@ class AutoPolicy(SpeculationPolicy):
         # Probing: acceptance is only measured at depths that run, and an extrapolation from
         # shallower ones can keep a policy below a deeper draft that would pay. Once every
         # `probe_every` steps, try one level deeper where perfect acceptance there could win.
+        # Where a deeper position has been measured on few tokens (batch 1, or a choice that
+        # fell back before it was known), probe ten times as often, as deep as that position:
+        # an estimate from two tokens must not keep a policy off for good.
         self.steps_since_spec += 1
-        if (self.steps_since_spec >= self.probe_every and self.depth < self.max_depth
-                and self._could_win(batch_size, self.depth)):
+        probe, every = self.depth + 1, self.probe_every
+        thin = [d for d in range(self.depth + 1, self.max_depth + 1) if self.evidence[d - 1] < self.THIN_EVIDENCE]
+        if thin and self._could_win(batch_size, self.depth, thin[0]):
+            probe, every = thin[0], max(1, every // 10)
+        if (self.steps_since_spec >= every and self.depth < self.max_depth
+                and self._could_win(batch_size, self.depth, probe)):
             self.steps_since_spec = 0
-            self.probes.add(self.depth + 1)
+            self.probes.add(probe)
             if self.depth == 0 and catchup_tokens:
                 self.resuming = 4   # chunked catch-ups included
-            return self.shapes[self.depth + 1]
+            return self.shapes[probe]
         return self.shapes[self.depth]
 
     def _log_change(self, old: int, new: int, b: int, g: dict[int, float]) -> None:
@@ -273,11 +288,13 @@ class AutoPolicy(SpeculationPolicy):
                     {d: round(self.tau(d), 2) for d in range(self.max_depth + 1)}, step_ms, more)
         self._last_log, self._unlogged = now, 0
 
-    def _could_win(self, b: int, depth: int) -> bool:
-        """Could depth+1 beat `depth` if the extra draft token were always accepted? A depth
-        never timed at any batch size could: only running it measures its cost (without a
-        start-up profile this is how the cost table learns any depth beyond the current one)."""
-        t0, t1 = self.step_time(b, depth), self.step_time(b, depth + 1)
+    def _could_win(self, b: int, depth: int, deeper: int | None = None) -> bool:
+        """Could `deeper` (default depth+1) beat `depth` if its extra draft tokens were always
+        accepted? A depth never timed at any batch size could: only running it measures its cost
+        (without a start-up profile this is how the cost table learns any depth beyond the
+        current one)."""
+        deeper = depth + 1 if deeper is None else deeper
+        t0, t1 = self.step_time(b, depth), self.step_time(b, deeper)
         if t1 is None:
             return True
         if t0 is None:
@@ -286,7 +303,7 @@ class AutoPolicy(SpeculationPolicy):
         if depth:
             t0 += self.resume_cost()
         reach = self.rate_estimates()[depth - 1] if depth else 1.0   # chance of reaching it
-        return (self.tau(depth) + reach) / t1 > self.tau(depth) / t0
+        return (self.tau(depth) + reach * (deeper - depth)) / t1 > self.tau(depth) / t0
 
     def observe(self, fb: StepFeedback) -> None:
         depth = len(fb.drafted_per_position)
@@ -310,7 +327,12 @@ class AutoPolicy(SpeculationPolicy):
                 # A depth's first evidence updates the prior (extrapolated) estimate instead of
                 # replacing it: one rejected probe must not read as "this depth never accepts".
                 old = self.rates[i] if self.rates[i] is not None else prior[i]
-                w = 1 - (1 - self.ema) ** n   # n drafted tokens' worth of evidence
+                # n drafted tokens' worth of evidence: a running mean over the first tokens (the
+                # prior counting PRIOR_TOKENS), then an EMA of `ema` per token: ~14 tokens of
+                # memory, so that one-token steps (batch 1) do not swing the choice while a
+                # collapse still shows within a few dozen steps.
+                w = max(1 - (1 - self.ema) ** n, n / (self.PRIOR_TOKENS + self.evidence[i] + n))
+                self.evidence[i] += n
                 self.rates[i] = (1 - w) * old + w * r
 
     def _sample(self, key: tuple[int, int], t: float) -> None:
