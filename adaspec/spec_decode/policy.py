@@ -125,9 +125,10 @@ class AutoPolicy(SpeculationPolicy):
     longer the contexts), the more a depth must win by to resume, so it does not flap
     between 0 and K when catching up is expensive.
     Stability: the current choice is kept unless another beats it by `margin`. Once every
-    `probe_every` steps it runs one level deeper than its choice (from off: depth 1), and
-    only when that level could win at this batch size if its extra token were always
-    accepted, so acceptance at the next depth is measured rather than only extrapolated.
+    `probe_every` steps it runs the shallowest deeper level that could win at this batch size
+    if its extra tokens were always accepted (usually one level deeper; from off on a
+    host-bound step, where one draft level cannot pay its fixed cost, a deeper one), so
+    acceptance there is measured rather than only extrapolated.
     Where a deeper level has been measured on fewer than THIN_EVIDENCE tokens, the probe goes
     that deep and comes ten times as often: at batch 1 a choice that fell back to off on two
     unlucky tokens otherwise stayed off (a host-bound pair whose chain 4 pays 1.3x ran at
@@ -255,13 +256,14 @@ class AutoPolicy(SpeculationPolicy):
         # Where a deeper position has been measured on few tokens (batch 1, or a choice that
         # fell back before it was known), probe ten times as often, as deep as that position:
         # an estimate from two tokens must not keep a policy off for good.
+        # The probe is the shallowest deeper level that could win; on a host-bound step the
+        # first draft level carries the fixed cost and cannot win alone while deeper ones can.
         self.steps_since_spec += 1
-        probe, every = self.depth + 1, self.probe_every
-        thin = [d for d in range(self.depth + 1, self.max_depth + 1) if self.evidence[d - 1] < self.THIN_EVIDENCE]
-        if thin and self._could_win(batch_size, self.depth, thin[0]):
-            probe, every = thin[0], max(1, every // 10)
-        if (self.steps_since_spec >= every and self.depth < self.max_depth
-                and self._could_win(batch_size, self.depth, probe)):
+        deeper = [d for d in range(self.depth + 1, self.max_depth + 1) if self._could_win(batch_size, self.depth, d)]
+        thin = [d for d in deeper if self.evidence[d - 1] < self.THIN_EVIDENCE]
+        probe = (thin or deeper or [None])[0]
+        every = max(1, self.probe_every // 10) if thin else self.probe_every
+        if probe is not None and self.steps_since_spec >= every:
             self.steps_since_spec = 0
             self.probes.add(probe)
             if self.depth == 0 and catchup_tokens:
