@@ -58,6 +58,17 @@ def engine_pid(srv: ServerProcess) -> int:
     return pids[0]
 
 
+def ignores_sigint(pid: int) -> bool:
+    """Whether `pid` has SIGINT ignored (the server does while it spawns the engine process,
+    so that the child inherits it; a Ctrl-C in those milliseconds is not seen)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigIgn:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask & (1 << (signal.SIGINT - 1)))
+
+
 def gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -154,6 +165,9 @@ def test_signal_during_startup_stops_both_processes(model_dir, sig, to_group):
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     try:
         child = wait_for(lambda: engine_children(proc.pid), timeout=60, what="the engine process")[0]
+        # The child exists while the server still ignores SIGINT around its spawn: wait that out
+        # (milliseconds; the child then loads for seconds), else the Ctrl-C is lost by design.
+        wait_for(lambda: not ignores_sigint(proc.pid), timeout=30, what="the server to take SIGINT again")
         if to_group:
             os.killpg(proc.pid, sig)
         else:
