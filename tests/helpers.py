@@ -2,7 +2,9 @@
 parameters, and Hugging Face transformers' own greedy decoding as the reference."""
 from __future__ import annotations
 
+import importlib.util
 import random
+from pathlib import Path
 
 import torch
 
@@ -12,6 +14,15 @@ ARCHS = ["llama", "llama3", "qwen2", "qwen3", "mistral"]
 NEAR_TIE = 1e-4
 MAX_NEW = 24
 GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str):
+    """The script benchmarks/NAME.py as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def prompts_of_lengths(lengths, seed=0, vocab=320):

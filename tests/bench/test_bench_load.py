@@ -4,9 +4,7 @@ comparison, the three-panel plot, and the load experiment's plan, merge, ratios 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -18,16 +16,9 @@ from adaspec.bench.datasets import SampleRequest
 from adaspec.bench.report import compare_rows, compare_table, make_figure, plot_runs, sweep_table
 from adaspec.config import add_engine_cli_args
 from adaspec.server.cli import build_serve_parser
+from helpers import load_benchmark
 
-REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("load_experiment", REPO / "benchmarks" / "load_experiment.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # ============================================================================ --configs syntax
@@ -352,7 +343,7 @@ def test_readme_has_tables_commands_and_ratios():
 def test_load_experiment_end_to_end_tiny_cpu(tmp_path, capsys):
     """The whole script on the tiny shape: servers for off, chain3 and idle at concurrency
     1 and 2, the LLM.generate reference, the merge; then --merge of its part elsewhere."""
-    le = _load_script()
+    le = load_benchmark("load_experiment")
     out = tmp_path / "le"
     rc = le.main(["--out-dir", str(out), "--shape", "tiny", "--device", "cpu", "--dtype", "float32",
                   "--levels", "1,2", "--input-len", "16", "--output-len", "8", "--min-prompts", "3",
@@ -390,7 +381,7 @@ def test_load_experiment_end_to_end_tiny_cpu(tmp_path, capsys):
 
 
 def test_load_experiment_plan_and_bad_selection(capsys):
-    le = _load_script()
+    le = load_benchmark("load_experiment")
     assert le.main(["--dry-run", "--only", "tree16,auto", "--part", "b", "--levels", "64,256"]) == 0
     out = capsys.readouterr().out
     assert "--num-prompts 128,512" in out and "--prompt-starts 138,522" in out

@@ -2,17 +2,13 @@
 completes, with the counts and shares the device runs report."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers import load_benchmark
 
 
 def test_closed_loop_counts(tmp_path):
-    spec = importlib.util.spec_from_file_location("closed_loop", REPO / "benchmarks" / "closed_loop.py")
-    cl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cl)
+    cl = load_benchmark("closed_loop")
     out = tmp_path / "cl.json"
     assert cl.main(["--shape", "tiny", "--device", "cpu", "--concurrency", "4", "--requests", "10",
                     "--input-len", "24", "--output-len", "6", "--thresholds", "0,64", "--out", str(out)]) == 0

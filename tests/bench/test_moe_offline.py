@@ -3,23 +3,14 @@ with the tiny shape (every requested token generated)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("moe_offline", REPO / "benchmarks" / "moe_offline.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from helpers import load_benchmark
 
 
 def test_bound_is_prefill_at_the_gemm_rate_plus_roofline_decode_steps():
-    mo = _module()
+    mo = load_benchmark("moe_offline")
     physics = {"active_GB_per_token": 6.0, "gemm_TFLOPs": 800.0, "roofline_ms": {"256x1": 17.0, "64x1": 14.0}}
     a = argparse.Namespace(batch=256, requests=512, input_len=512, output_len=256)
     b = mo.bound(physics, a)
@@ -32,7 +23,7 @@ def test_bound_is_prefill_at_the_gemm_rate_plus_roofline_decode_steps():
 
 
 def test_adaspec_part_generates_every_token():
-    mo = _module()
+    mo = load_benchmark("moe_offline")
     a = argparse.Namespace(shape="tiny", device="cpu", requests=3, batch=2, input_len=12, output_len=5)
     r = mo.run_adaspec(a)
     assert r["output_tokens"] == 15 and r["tok_s"] > 0
