@@ -252,13 +252,14 @@ class AutoPolicy(SpeculationPolicy):
             self.depth = best
         # Probing: acceptance is only measured at depths that run, and an extrapolation from
         # shallower ones can keep a policy below a deeper draft that would pay. Once every
-        # `probe_every` steps, try one level deeper where perfect acceptance there could win.
-        # Where a deeper position has been measured on few tokens (batch 1, or a choice that
-        # fell back before it was known), probe ten times as often, as deep as that position:
-        # an estimate from two tokens must not keep a policy off for good.
-        # The probe is the shallowest deeper level that could win; on a host-bound step the
-        # first draft level carries the fixed cost and cannot win alone while deeper ones can.
+        # `probe_every` steps, run the shallowest deeper level where perfect acceptance could
+        # win (on a host-bound step the first draft level carries the fixed cost and cannot win
+        # alone while deeper ones can). A level measured on few tokens (batch 1, or a choice
+        # that fell back before it was known) is probed ten times as often: an estimate from
+        # two tokens must not keep a policy off for good.
         self.steps_since_spec += 1
+        if self.steps_since_spec < max(1, self.probe_every // 10):   # no probe can be due yet
+            return self.shapes[self.depth]
         deeper = [d for d in range(self.depth + 1, self.max_depth + 1) if self._could_win(batch_size, self.depth, d)]
         thin = [d for d in deeper if self.evidence[d - 1] < self.THIN_EVIDENCE]
         probe = (thin or deeper or [None])[0]
@@ -290,12 +291,10 @@ class AutoPolicy(SpeculationPolicy):
                     {d: round(self.tau(d), 2) for d in range(self.max_depth + 1)}, step_ms, more)
         self._last_log, self._unlogged = now, 0
 
-    def _could_win(self, b: int, depth: int, deeper: int | None = None) -> bool:
-        """Could `deeper` (default depth+1) beat `depth` if its extra draft tokens were always
-        accepted? A depth never timed at any batch size could: only running it measures its cost
-        (without a start-up profile this is how the cost table learns any depth beyond the
-        current one)."""
-        deeper = depth + 1 if deeper is None else deeper
+    def _could_win(self, b: int, depth: int, deeper: int) -> bool:
+        """Could `deeper` beat `depth` if its extra draft tokens were always accepted? A depth
+        never timed at any batch size could: only running it measures its cost (without a
+        start-up profile this is how the cost table learns any depth beyond the current one)."""
         t0, t1 = self.step_time(b, depth), self.step_time(b, deeper)
         if t1 is None:
             return True
