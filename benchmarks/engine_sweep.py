@@ -12,7 +12,6 @@ probability A given its predecessor was): the cost side is real, the acceptance 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.bench.shapes import SHAPES, write_shape_dirs
+from gpu_fast_path import _GcClock   # (benchmarks/: the fast-path steps' collector clock)
 
 def timed_generate(llm: LLM, prompts: list, sp: SamplingParams, warm_up: SamplingParams, n_warm: int = 1) -> dict:
     """`llm.generate(prompts, sp)` after a warm-up on the first `n_warm` prompts: seconds,
@@ -28,10 +28,13 @@ def timed_generate(llm: LLM, prompts: list, sp: SamplingParams, warm_up: Samplin
     difference of `llm.stats()` around the timed call)."""
     llm.generate(prompts[:n_warm], warm_up)
     before = llm.stats()
-    with GCClock() as gc_clock:
+    gcc = _GcClock()   # time in Python's collector: a full collection pauses every request
+    try:
         t0 = time.perf_counter()
         outs = llm.generate(prompts, sp)
         dt = time.perf_counter() - t0
+    finally:
+        gcc.stop()
     st = llm.stats()
     steps = st["verify_steps"] - before["verify_steps"]
     acc = st["accepted_tokens"] - before["accepted_tokens"]
@@ -39,30 +42,8 @@ def timed_generate(llm: LLM, prompts: list, sp: SamplingParams, warm_up: Samplin
     n = sum(len(o.token_ids) for o in outs)
     return {"seconds": dt, "output_tokens": n, "output_tok_s": n / dt,
             "accept_length": (steps + acc) / steps if steps else None,
-            "draft_len_histogram": {k: v for k, v in hist.items() if v}, **gc_clock.summary()}
-
-
-class GCClock:
-    """Time spent in Python's cyclic garbage collector while the block runs, per generation
-    (`gc.callbacks`): a full collection is a pause of every request in flight."""
-
-    def __enter__(self):
-        self.seconds, self.collections, self._t0 = 0.0, [0, 0, 0], 0.0
-        gc.callbacks.append(self._cb)
-        return self
-
-    def __exit__(self, *exc):
-        gc.callbacks.remove(self._cb)
-
-    def _cb(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._t0
-            self.collections[info["generation"]] += 1
-
-    def summary(self) -> dict:
-        return {"gc_seconds": self.seconds, "gc_collections": list(self.collections)}
+            "draft_len_histogram": {k: v for k, v in hist.items() if v},
+            "gc_seconds": gcc.ms / 1e3, "gc_collections": list(gcc.count)}
 
 
 def run(llm: LLM, batch: int, input_len: int, output_len: int, vocab: int, seed: int) -> dict:
