@@ -3,15 +3,20 @@ per batch bucket, on a GPU, at the Qwen3-30B-A3B expert shape by default (E 128,
 top-8, bf16; random router logits, so the experts a batch touches are near the uniform case).
 
 For each token count T (decode b = 1, 8, 16, 64, 256 at q = 1 and 4, and a prefill chunk) it
-times every candidate launch of the path the dispatch takes there (`use_small_path`): aligned
-(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), the whole expert computation (alignment,
-gate/up, down, reduction), or small (gate/up BLOCK_N, BLOCK_K, DOWN_BLOCK_N, DOWN_BLOCK_K,
-num_warps, num_stages: the two launches), 20 calls replayed from one CUDA graph, best of 5
-replays; each candidate's output is checked against the default launch's. Near the small
-path's limit (pairs <= 4 x SMALL_MAX_PAIRS) the other path's default launch is timed too
-("other_path_us"), which is what says whether SMALL_MAX_PAIRS sits right. Also reported:
-the bytes the touched experts occupy over the time (GB/s), and torch's grouped GEMM on the same
-routing (as moe_physics_probe.py computes it) where this torch has it.
+searches the launch of the path the dispatch takes there (`use_small_path`):
+- small: every candidate (gate/up BLOCK_N, BLOCK_K, DOWN_BLOCK_N, DOWN_BLOCK_K, num_warps,
+  num_stages) timed as the whole two-launch computation;
+- aligned: stage by stage, so the record is also the kernel profile of the path. For each
+  BLOCK_M: both alignments (one program, chunked: the crossover behind
+  align.ONE_PROGRAM_MAX_PAIRS), gate/up's best (BLOCK_N, BLOCK_K, warps, stages) timed alone,
+  down's best timed alone (its own DOWN_* launch), and the top-k reduction; the BLOCK_M of the
+  least total wins, and the merged launch is timed as one call and checked against the default.
+Times are 20 calls replayed from one CUDA graph, best of 5 replays. Near the small path's limit
+(pairs <= 4 x SMALL_MAX_PAIRS) the other path's default launch is timed too ("other_path_us"),
+which is what says whether SMALL_MAX_PAIRS sits right. Also reported: the bytes the touched
+experts occupy over the time (GB/s), and torch's grouped GEMM on the same routing (as
+moe_physics_probe.py computes it) where this torch has it. A --budget-s deadline (shared out
+over the token counts) cuts a search short, keeping the best found so far.
 
     python benchmarks/kernels/moe_sweep.py --json moe_sweep.json --configs-out moe_configs.json
     # then: cp moe_configs.json adaspec/layers/moe/moe_configs.json (read by launch_config)
@@ -27,21 +32,87 @@ import torch
 import torch.nn.functional as F
 
 from adaspec.layers.moe import RouterConfig, route
-from adaspec.layers.moe.triton_kernels import SMALL_MAX_PAIRS, fit_small, fused_experts_triton, plan
+from adaspec.layers.moe.align import align
+from adaspec.layers.moe.triton_kernels import (SMALL_MAX_PAIRS, down_aligned, fit_shared_memory, fit_small,
+                                               fused_experts_triton, gate_up_aligned, plan)
 from bench_attention import graph_us   # (benchmarks/kernels/: one CUDA-graph timer for every sweep)
 
 SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "mixtral-8x7b": (8, 4096, 14336, 2),
           "glm-4.5-air": (128, 4096, 1408, 8)}
 
 
-def candidates(pairs: int):
+def block_ms(pairs: int, E: int) -> list[int]:
+    """BLOCK_M candidates, the one nearest the mean rows per expert first (a partial block is padding)."""
     bms = [16] if pairs <= 128 else [16, 32, 64] if pairs <= 2048 else [32, 64, 128]
-    for bm, bn, bk, nw, ns in itertools.product(bms, [32, 64, 128], [64, 128], [4, 8], [3, 4]):
-        if bm * bn >= 128 * 128 and nw == 4:   # large tiles want 8 warps
+    return sorted(bms, key=lambda bm: abs(bm - pairs / E))
+
+
+def tiles(bm: int, dual: bool):
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) of one aligned GEMM at BLOCK_M = bm, likelier first;
+    `dual`: gate/up's kernel, which holds two fp32 accumulators (large tiles want 8 warps)."""
+    bns = {16: [32, 64, 128], 32: [64, 128], 64: [64, 128, 256], 128: [64, 128]}[bm]
+    for ns, bk, bn, nw in itertools.product([3, 4], [64, 128], bns, [4, 8]):
+        if dual and bm * bn >= 128 * 128 and nw == 4:
             continue
-        if bm <= 16 and bn == 128 and nw == 8:
+        if bm <= 16 and bn >= 128 and nw == 8:
             continue
-        yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns}
+        yield bn, bk, nw, ns
+
+
+def aligned_search(x, w13, w2, weights, ids, deadline) -> dict:
+    """The aligned path's best launch at this routing, stage by stage: for each BLOCK_M, both
+    alignments, gate/up's best tile and down's best tile (each GEMM timed alone), and the top-k
+    reduction; the BLOCK_M of the least total wins. Returns the stage times and the config."""
+    E, H, I = w13.shape[0], x.shape[1], w13.shape[1] // 2
+    T, K = ids.shape
+    N = T * K
+    inter = torch.empty(N, I, dtype=x.dtype, device=x.device)
+    flat_w = weights.reshape(-1).contiguous()
+    per_bm = []
+    for bm in block_ms(N, E):
+        if time.perf_counter() > deadline and per_bm:
+            break
+        al = align(ids, E, bm)
+        st = {"BLOCK_M": bm, "align_one_us": graph_us(lambda: align(ids, E, bm, chunked=False)),
+              "align_chunked_us": graph_us(lambda: align(ids, E, bm, chunked=True))}
+        for stage, dual in (("gate_up", True), ("down", False)):
+            found = []
+            for bn, bk, nw, ns in tiles(bm, dual):
+                if time.perf_counter() > deadline and found:
+                    st["truncated"] = True
+                    break
+                c = fit_shared_memory({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw,
+                                       "num_stages": ns}, 2)
+                if dual:
+                    fn = lambda c=c: gate_up_aligned(x, w13, inter, al, K, c)  # noqa: E731
+                else:
+                    d = {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 64, "DOWN_BLOCK_N": c["BLOCK_N"],
+                         "DOWN_BLOCK_K": c["BLOCK_K"], "down_num_warps": c["num_warps"],
+                         "down_num_stages": c["num_stages"]}
+                    fn = lambda d=d: down_aligned(inter, w2, flat_w, al, d, False)  # noqa: E731
+                try:
+                    fn()
+                    found.append((graph_us(fn), c))
+                except Exception:  # noqa: BLE001 - e.g. out of shared memory or registers: skip it
+                    continue
+            if not found:
+                break
+            us, c = min(found, key=lambda f: f[0])
+            st[f"{stage}_us"], st[f"{stage}_cfg"], st[f"{stage}_tried"] = us, c, len(found)
+            if dual:   # down reads what the best gate/up wrote
+                gate_up_aligned(x, w13, inter, al, K, c)
+        if "down_us" not in st:
+            continue
+        out_k = down_aligned(inter, w2, flat_w, al, {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 64}, False)
+        st["reduce_us"] = graph_us(lambda: out_k.view(T, K, H).sum(dim=1)) if K > 1 else 0.0
+        st["total_us"] = (min(st["align_one_us"], st["align_chunked_us"]) + st["gate_up_us"] + st["down_us"]
+                          + st["reduce_us"])
+        per_bm.append(st)
+    top = min(per_bm, key=lambda st: st["total_us"])
+    g, d = top["gate_up_cfg"], top["down_cfg"]
+    cfg = {**g, "DOWN_BLOCK_N": d["BLOCK_N"], "DOWN_BLOCK_K": d["BLOCK_K"], "down_num_warps": d["num_warps"],
+           "down_num_stages": d["num_stages"]}
+    return {"per_block_m": per_bm, "config": cfg}
 
 
 def small_candidates(top_k: int):
@@ -115,25 +186,40 @@ def main(argv=None) -> int:
                 rec["grouped_mm_us"] = graph_us(lambda: grouped_mm_moe(x, w13_t, w2_t, weights, ids))
             except Exception as ex:  # noqa: BLE001 - a reference that does not run is reported, not fatal
                 rec["grouped_mm_us"] = f"error: {ex}"[:160]
-        for cfg in (small_candidates(K) if path == "small" else candidates(pairs)):
-            if time.perf_counter() > deadline:
-                rec["truncated"] = True
-                break
-            try:
-                out = fused_experts_triton(x, w13, w2, weights, ids, cfg, path=path)
-                err = float((out.float() - ref.float()).abs().max())
-                us = graph_us(lambda cfg=cfg: fused_experts_triton(x, w13, w2, weights, ids, cfg, path=path))
-            except Exception as ex:  # noqa: BLE001 - e.g. out of shared memory: skip the candidate
-                rec["candidates"].append({**cfg, "error": f"{type(ex).__name__}: {ex}"[:120]})
-                continue
-            rec["candidates"].append({**cfg, "us": us, "max_abs_diff": err})
-        ok = [c for c in rec["candidates"] if "us" in c and c["max_abs_diff"] < 5e-2]
-        if ok:
-            top = min(ok, key=lambda c: c["us"])
-            rec["best"] = top
+        if path == "aligned":
+            rec["stages"] = aligned_search(x, w13, w2, weights, ids, deadline)
+            cfg = rec["stages"]["config"]
+            out = fused_experts_triton(x, w13, w2, weights, ids, cfg, path=path)
+            rec["best"] = {**cfg, "us": graph_us(lambda: fused_experts_triton(x, w13, w2, weights, ids, cfg, path=path)),
+                           "max_abs_diff": float((out.float() - ref.float()).abs().max())}
+            if rec["best"]["max_abs_diff"] >= 5e-2:
+                rec["rejected"] = rec.pop("best")
+        else:
+            for cfg in small_candidates(K):
+                if time.perf_counter() > deadline:
+                    rec["truncated"] = True
+                    break
+                try:
+                    out = fused_experts_triton(x, w13, w2, weights, ids, cfg, path=path)
+                    err = float((out.float() - ref.float()).abs().max())
+                    us = graph_us(lambda cfg=cfg: fused_experts_triton(x, w13, w2, weights, ids, cfg, path=path))
+                except Exception as ex:  # noqa: BLE001 - e.g. out of shared memory: skip the candidate
+                    rec["candidates"].append({**cfg, "error": f"{type(ex).__name__}: {ex}"[:120]})
+                    continue
+                rec["candidates"].append({**cfg, "us": us, "max_abs_diff": err})
+            ok = [c for c in rec["candidates"] if "us" in c and c["max_abs_diff"] < 5e-2]
+            if ok:
+                rec["best"] = min(ok, key=lambda c: c["us"])
+        if "best" in rec:
+            top = rec["best"]
             rec["best_GBps"] = rec["bytes_touched_MB"] * 1e6 / (top["us"] * 1e-6) / 1e9
             best[path][pairs] = {k: v for k, v in top.items() if k not in ("us", "max_abs_diff")}
         records.append(rec)
+        for st in rec.get("stages", {}).get("per_block_m", []):
+            print(f"  BM={st['BLOCK_M']}: align one {st['align_one_us']:.1f} / chunked {st['align_chunked_us']:.1f}, "
+                  f"gate_up {st.get('gate_up_us', float('nan')):.1f}, down {st.get('down_us', float('nan')):.1f}, "
+                  f"reduce {st.get('reduce_us', float('nan')):.1f}, total {st.get('total_us', float('nan')):.1f} us",
+                  flush=True)
         print(f"T={T} pairs={pairs} experts={touched} {path}: default {rec['default_us']:.1f} us, best "
               f"{rec.get('best', {}).get('us', float('nan')):.1f} us {rec.get('best')}, "
               f"{rec.get('other_path')} default {rec.get('other_path_us')} us, grouped_mm "

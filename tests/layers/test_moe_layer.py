@@ -223,13 +223,15 @@ def test_dispatch_takes_the_small_path_for_few_pairs(monkeypatch):
 
 
 @needs_triton
-@pytest.mark.parametrize("block_m", [16, 32])
-def test_alignment_places_every_pair_once(block_m):
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("block_m,T", [(16, 23), (32, 23), (16, 300)])
+def test_alignment_places_every_pair_once(block_m, T, chunked):
+    """Both alignments (one program; chunked, here over 1 and 5 chunks of 128 pairs)."""
     from adaspec.layers.moe.triton_kernels import align
 
-    T, k, E = 23, 2, 10
+    k, E = 2, 10
     ids = _uneven_ids(T, k, E)
-    sorted_pairs, block_expert, block_rows = align(ids, E, block_m)
+    sorted_pairs, block_expert, block_rows = align(ids, E, block_m, chunked=chunked)
     flat = ids.reshape(-1)
     counts = torch.bincount(flat, minlength=E)
     used = int((block_expert >= 0).sum())
@@ -242,6 +244,13 @@ def test_alignment_places_every_pair_once(block_m):
         assert all(int(flat[p]) == int(block_expert[b]) for p in rows)
         seen += rows
     assert sorted(seen) == list(range(T * k))
+    assert seen == sorted(seen, key=lambda p: (int(flat[p]), p))   # pair order kept within an expert
+    if chunked:   # the same layout as the one-program alignment, row for row
+        one = align(ids, E, block_m, chunked=False)
+        assert torch.equal(one[1], block_expert) and torch.equal(one[2], block_rows)
+        for b in range(used):
+            rows = slice(b * block_m, b * block_m + int(block_rows[b]))
+            assert torch.equal(one[0][rows], sorted_pairs[rows])
 
 
 @needs_triton
@@ -253,7 +262,9 @@ def test_kernel_launch_parameters_do_not_change_the_result():
     x = torch.randn(T, H)
     weights, ids = route(torch.randn(T, E), RouterConfig("softmax", 8, 2, renormalize=True))
     ref = fused_experts_ref(x, w13, w2, weights, ids)
-    for cfg in ({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32}):
+    for cfg in ({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32},
+                {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "DOWN_BLOCK_N": 16, "DOWN_BLOCK_K": 32,
+                 "down_num_warps": 2, "down_num_stages": 2}):   # the down GEMM's own launch
         got = fused_experts_triton(x, w13, w2, weights, ids, cfg, path="aligned")
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     for cfg in (TINY_SMALL, {"BLOCK_N": 32, "BLOCK_K": 32, "DOWN_BLOCK_N": 16, "DOWN_BLOCK_K": 64, "num_stages": 2}):
@@ -309,24 +320,29 @@ def test_fused_softmax_router_matches_torch(E, k, renorm):
 @needs_triton
 @pytest.mark.parametrize("top_k", [1, 2, 8])
 def test_warm_up_runs_every_launch_once(monkeypatch, top_k):
-    """warm_up makes one call per distinct (path, launch config) that the dispatch picks for
-    1..WARM_UP_MAX_PAIRS pairs, both paths included, with the model's round_weights."""
+    """warm_up makes one call per distinct (path, alignment, launch config) that the dispatch
+    picks for 1..WARM_UP_MAX_PAIRS pairs, both paths and both alignments included (each its own
+    kernels to compile), with the model's round_weights."""
     from adaspec.layers.moe import triton_kernels as tk
 
     seen = []
 
+    def key(T):
+        p, c = tk.plan(T, top_k, 16, 16, 8, 4)
+        return p, T * top_k > tk.ONE_PROGRAM_MAX_PAIRS, tuple(sorted(c.items()))
+
     def record(x, w13, w2, weights, ids, config=None, round_weights=False, path=None):
-        seen.append((tk.plan(x.shape[0], top_k, 16, 16, 8, 4), round_weights))
+        seen.append((key(x.shape[0]), round_weights))
 
     monkeypatch.setattr(tk, "fused_experts_triton", record)
     w13, w2 = _experts(16, 16, 8)
     assert tk.warm_up(w13, w2, top_k, torch.float32, round_weights=True) == len(seen)
     assert all(rw for _, rw in seen)
-    keys = [(p, tuple(sorted(c.items()))) for (p, c), _ in seen]
+    keys = [k for k, _ in seen]
     assert len(set(keys)) == len(keys)
-    served = {(p, tuple(sorted(c.items()))) for p, c in
-              (tk.plan(T, top_k, 16, 16, 8, 4) for T in range(1, tk.WARM_UP_MAX_PAIRS // top_k + 1))}
-    assert served == set(keys) and {p for p, _ in keys} == {"small", "aligned"}
+    served = {key(T) for T in range(1, tk.WARM_UP_MAX_PAIRS // top_k + 1)}
+    assert {(p, big) for p, big, _ in keys if p == "aligned"} == {("aligned", False), ("aligned", True)}
+    assert served == set(keys) and {p for p, _, _ in keys} == {"small", "aligned"}
 
 
 @needs_triton

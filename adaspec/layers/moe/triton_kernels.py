@@ -3,10 +3,9 @@
 Aligned path (large N): device-side alignment, grouped gate/up GEMM with SiLU-and-mul, grouped
 down GEMM with the routing weight, and the top-k reduction.
 
-    align     one program: per-expert counts of the T*k (token, slot) pairs, each expert's
-              rows padded to BLOCK_M, and for every padded block its expert and valid row
-              count; the pairs are scattered to their rows. Buffers have fixed maximum sizes
-              (cdiv(T*k, BLOCK_M) + min(E, T*k) blocks), no host sync: CUDA graphs capture it.
+    align     (align.py) every expert's (token, slot) pairs in rows padded to BLOCK_M, and
+              for every padded block its expert and valid row count; fixed maximum sizes,
+              no host sync: CUDA graphs capture it.
     gate_up   grid (block, I tile): the block's rows of x times w13[e] (gate and up tiles),
               silu(gate) * up -> inter[T*k, I] indexed by pair (HF's rounding steps).
     down      grid (block, H tile): inter rows times w2[e], times the pair's routing weight
@@ -41,6 +40,7 @@ from pathlib import Path
 import torch
 
 from adaspec.layers.fused_ops import _next_pow2, triton
+from adaspec.layers.moe.align import ONE_PROGRAM_MAX_PAIRS, align
 from adaspec.layers.moe.small_batch import experts_small
 
 if triton is not None:
@@ -143,43 +143,17 @@ def launch_config(num_pairs: int, E: int, H: int, I: int, elem_bytes: int = 2, s
     key = f"E{E}_H{H}_I{I}" + ("_small" if small_top_k else "")
     table = _table(key)
     cfg = next((table[b] for b in sorted(table) if num_pairs <= b), table[max(table)])
-    return fit_small(cfg, small_top_k, elem_bytes) if small_top_k else fit_shared_memory(cfg, elem_bytes)
+    if small_top_k:
+        return fit_small(cfg, small_top_k, elem_bytes)
+    fitted = fit_shared_memory(cfg, elem_bytes)
+    if any(k.startswith(("DOWN_", "down_")) for k in cfg):   # the down GEMM's own launch, fitted alike
+        d = fit_shared_memory(down_launch(cfg), elem_bytes)
+        fitted.update(DOWN_BLOCK_N=d["BLOCK_N"], DOWN_BLOCK_K=d["BLOCK_K"], down_num_warps=d["num_warps"],
+                      down_num_stages=d["num_stages"])
+    return fitted
 
 
 if triton is not None:
-
-    # N and max_blocks vary with the batch: not specialised, so one compile serves every batch.
-    @triton.jit(do_not_specialize=["N", "max_blocks"])
-    def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, N, max_blocks,
-                      E_PAD: tl.constexpr, BM: tl.constexpr, CHUNK: tl.constexpr, BLK: tl.constexpr):
-        e = tl.arange(0, E_PAD)
-        counts = tl.zeros([E_PAD], dtype=tl.int32)
-        for s in range(0, N, CHUNK):
-            i = s + tl.arange(0, CHUNK)
-            v = tl.load(ids_ptr + i, mask=i < N, other=E_PAD).to(tl.int32)  # E_PAD: no bin
-            counts += tl.sum((v[:, None] == e[None, :]).to(tl.int32), axis=0)
-        blocks = (counts + BM - 1) // BM
-        first = tl.cumsum(blocks, axis=0) - blocks           # first block of each expert
-        last = first + blocks
-        for b0 in range(0, max_blocks, BLK):
-            b = b0 + tl.arange(0, BLK)
-            inside = (b[:, None] >= first[None, :]) & (b[:, None] < last[None, :])
-            has = tl.sum(inside.to(tl.int32), axis=1) > 0
-            expert = tl.sum(tl.where(inside, e[None, :], 0), axis=1)
-            rows = tl.sum(tl.where(inside, counts[None, :] - (b[:, None] - first[None, :]) * BM, 0), axis=1)
-            ok = b < max_blocks
-            tl.store(block_expert_ptr + b, tl.where(has, expert, -1), mask=ok)
-            tl.store(block_rows_ptr + b, tl.where(has, tl.minimum(rows, BM), 0), mask=ok)
-        seen = tl.zeros([E_PAD], dtype=tl.int32)
-        for s in range(0, N, CHUNK):
-            i = s + tl.arange(0, CHUNK)
-            ok = i < N
-            v = tl.load(ids_ptr + i, mask=ok, other=-1).to(tl.int32)
-            hit = v[:, None] == e[None, :]
-            before = tl.cumsum(hit.to(tl.int32), axis=0) - 1 + seen[None, :]   # rank within expert
-            row = tl.sum(tl.where(hit, before + first[None, :] * BM, 0), axis=1)
-            tl.store(sorted_ptr + row, i, mask=ok)
-            seen += tl.sum(hit.to(tl.int32), axis=0)
 
     @triton.jit
     def _gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, H, I,
@@ -292,22 +266,6 @@ def softmax_topk_triton(logits: torch.Tensor, top_k: int, renormalize: bool) -> 
     return w, ids
 
 
-def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sorted pairs [max_blocks * block_m] int32, block expert [max_blocks] int32 (-1: unused
-    block), block valid rows [max_blocks] int32) for ids [T, k]. Rows past a block's valid count
-    are left unwritten. One launch, sizes fixed by (T, k, E, block_m)."""
-    N = ids.numel()
-    max_blocks = triton.cdiv(N, block_m) + min(num_experts, N)
-    sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=ids.device)
-    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=ids.device)
-    block_rows = torch.empty(max_blocks, dtype=torch.int32, device=ids.device)
-    e_pad = max(_next_pow2(num_experts), 16)
-    chunk = max(16, min(1024, 16384 // e_pad))
-    _align_kernel[(1,)](ids.reshape(-1), sorted_pairs, block_expert, block_rows, N, max_blocks,
-                        E_PAD=e_pad, BM=block_m, CHUNK=chunk, BLK=max(16, min(64, 8192 // e_pad)), num_warps=4)
-    return sorted_pairs, block_expert, block_rows
-
-
 def plan(T: int, k: int, E: int, H: int, I: int, elem_bytes: int, path: str | None = None) -> tuple[str, dict]:
     """(path, launch config) that `fused_experts_triton` uses for T tokens of top-k routing over
     E experts of this shape; `path` forces "small" or "aligned"."""
@@ -335,24 +293,51 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w
     N = T * k
     path, cfg = plan(T, k, E, H, I, x.element_size(), path)
     cfg = config or cfg
-    launch = {"num_warps": cfg.get("num_warps", 4), "num_stages": cfg.get("num_stages", 3)}
     weights = weights.reshape(-1).contiguous()
     inter = torch.empty(N, I, dtype=x.dtype, device=x.device)
     if path == "small":
         return experts_small(x, w13, w2, weights, ids.reshape(-1).contiguous(), inter, cfg, round_weights)
-    BM, BN, BK = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    sorted_pairs, block_expert, block_rows = align(ids, E, BM)
-    nblocks = block_expert.numel()
-    ieee = x.dtype == torch.float32
-    _gate_up_kernel[(nblocks, triton.cdiv(I, BN))](
-        x, w13, inter, sorted_pairs, block_expert, block_rows, H, I, x.stride(0), w13.stride(0), w13.stride(1),
-        inter.stride(0), TOPK=k, IEEE=ieee, BM=BM, BN=BN, BK=BK, **launch)
-    out_k = torch.empty(N, H, dtype=x.dtype, device=x.device)
-    _down_kernel[(nblocks, triton.cdiv(H, BN))](
-        inter, w2, out_k, weights, sorted_pairs, block_expert, block_rows, H, I,
-        inter.stride(0), w2.stride(0), w2.stride(1), out_k.stride(0), IEEE=ieee, ROUND_W=round_weights,
-        BM=BM, BN=BN, BK=BK, **launch)
+    aligned = align(ids, E, cfg["BLOCK_M"])
+    gate_up_aligned(x, w13, inter, aligned, k, cfg)
+    out_k = down_aligned(inter, w2, weights, aligned, cfg, round_weights)
     return out_k.view(T, k, H).sum(dim=1) if k > 1 else out_k.view(T, H)
+
+
+def down_launch(cfg: dict) -> dict:
+    """The down GEMM's launch in an aligned-path config: its own DOWN_BLOCK_N / DOWN_BLOCK_K /
+    down_num_warps / down_num_stages where the sweep found them, else gate/up's (BLOCK_M is
+    shared: the alignment's blocks)."""
+    return {"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg.get("DOWN_BLOCK_N", cfg["BLOCK_N"]),
+            "BLOCK_K": cfg.get("DOWN_BLOCK_K", cfg["BLOCK_K"]),
+            "num_warps": cfg.get("down_num_warps", cfg.get("num_warps", 4)),
+            "num_stages": cfg.get("down_num_stages", cfg.get("num_stages", 3))}
+
+
+def gate_up_aligned(x: torch.Tensor, w13: torch.Tensor, inter: torch.Tensor, aligned: tuple, top_k: int,
+                    cfg: dict) -> None:
+    """inter[pair] = silu(x[tok] @ gate[e].T) * (x[tok] @ up[e].T) for the aligned pairs."""
+    sorted_pairs, block_expert, block_rows = aligned
+    H, I = x.shape[1], inter.shape[1]
+    _gate_up_kernel[(block_expert.numel(), triton.cdiv(I, cfg["BLOCK_N"]))](
+        x, w13, inter, sorted_pairs, block_expert, block_rows, H, I, x.stride(0), w13.stride(0), w13.stride(1),
+        inter.stride(0), TOPK=top_k, IEEE=x.dtype == torch.float32, BM=cfg["BLOCK_M"], BN=cfg["BLOCK_N"],
+        BK=cfg["BLOCK_K"], num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
+
+
+def down_aligned(inter: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, aligned: tuple, cfg: dict,
+                 round_weights: bool) -> torch.Tensor:
+    """out_k [T*k, H]: each aligned pair's inter row times w2[e], times its routing weight."""
+    sorted_pairs, block_expert, block_rows = aligned
+    N, I = inter.shape
+    H = w2.shape[1]
+    d = down_launch(cfg)
+    out_k = torch.empty(N, H, dtype=inter.dtype, device=inter.device)
+    _down_kernel[(block_expert.numel(), triton.cdiv(H, d["BLOCK_N"]))](
+        inter, w2, out_k, weights, sorted_pairs, block_expert, block_rows, H, I,
+        inter.stride(0), w2.stride(0), w2.stride(1), out_k.stride(0), IEEE=inter.dtype == torch.float32,
+        ROUND_W=round_weights, BM=d["BLOCK_M"], BN=d["BLOCK_N"], BK=d["BLOCK_K"], num_warps=d["num_warps"],
+        num_stages=d["num_stages"])
+    return out_k
 
 
 #: warm_up covers token counts up to this many pairs (the largest prefill chunk it expects).
@@ -370,9 +355,10 @@ def warm_up(w13: torch.Tensor, w2: torch.Tensor, top_k: int, dtype: torch.dtype,
     done = set()
     for T in range(1, max(1, WARM_UP_MAX_PAIRS // top_k) + 1):
         path, cfg = plan(T, top_k, E, H, I2 // 2, elem_bytes)
-        if (path, tuple(sorted(cfg.items()))) in done:
+        key = (path, T * top_k > ONE_PROGRAM_MAX_PAIRS, tuple(sorted(cfg.items())))   # both alignments too
+        if key in done:
             continue
-        done.add((path, tuple(sorted(cfg.items()))))
+        done.add(key)
         x = torch.zeros(T, H, dtype=dtype, device=dev)
         ids = (torch.arange(T * top_k, device=dev) % E).view(T, top_k)
         fused_experts_triton(x, w13, w2, torch.ones(T, top_k, dtype=torch.float32, device=dev), ids,
