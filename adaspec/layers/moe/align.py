@@ -23,9 +23,11 @@ from adaspec.layers.fused_ops import _next_pow2, triton
 if triton is not None:
     import triton.language as tl
 
-# Above this many pairs the chunked alignment runs (measured crossover: benchmarks/kernels/moe_sweep.py
-# times both as "align_one_us" / "align_chunked_us").
-ONE_PROGRAM_MAX_PAIRS = 512
+# Above this many pairs the chunked alignment runs. benchmarks/kernels/moe_sweep.py times both
+# ("align_one_us" / "align_chunked_us"); H200, E = 128, session 7 call 1 (us, one program /
+# chunked): 64 pairs 15.1 / 11.1, 128: 23.9 / 10.1, 512: 59.4 / 10.2, 2048: 205 / 10.7,
+# 8192: 828 / 34.1. The one program only stays for the few pairs below what was measured.
+ONE_PROGRAM_MAX_PAIRS = 32
 
 
 if triton is not None:
