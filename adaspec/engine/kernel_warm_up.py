@@ -25,7 +25,7 @@ def warm_up_kernels(runner) -> None:
         for num_heads, cache, dtype, windows in heads:
             n += runner.backend.warm_up(num_heads, cache, runner.rows.block_table, runner.block_size, dtype, windows)
         if hasattr(runner.model, "warm_up_kernels"):   # e.g. the fused-MoE launch buckets
-            n += runner.model.warm_up_kernels()
+            n += runner.model.warm_up_kernels(runner.cfg.max_num_batched_tokens)
         if runner.draft is not None:   # the in-flight shift of speculative steps
             from adaspec.device import shift_kernels
             n += 2 * shift_kernels.warm_up(runner.rows.last_count, runner.rows.block_table, runner.block_size)

@@ -227,9 +227,10 @@ class MoeForCausalLM(LlamaForCausalLM):
             return SparseMoeBlock(spec.hidden_size, spec.moe)
         return MLP(spec.hidden_size, spec.intermediate_size)
 
-    def warm_up_kernels(self) -> int:
-        """Compile the fused-MoE kernels for every launch bucket (CUDA only; the runner's warm-up
-        should call this before serving, as it warms the attention kernels). Returns launches."""
+    def warm_up_kernels(self, max_tokens: int | None = None) -> int:
+        """Compile the fused-MoE kernels for every launch bucket up to `max_tokens` tokens a step
+        (CUDA only; the runner's warm-up calls this before serving, as it warms the attention
+        kernels). Returns launches."""
         block = next((layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoeBlock)), None)
         w13 = block.experts.w13 if block is not None else None
         from adaspec.layers.fused_ops import use_triton
@@ -240,7 +241,8 @@ class MoeForCausalLM(LlamaForCausalLM):
 
         x = torch.zeros(1, self.spec.hidden_size, dtype=w13.dtype, device=w13.device)
         block.gate(x)  # the fused router
-        return 1 + warm_up(w13, block.experts.w2, self.spec.moe.router.top_k, w13.dtype, block.round_weights)
+        return 1 + warm_up(w13, block.experts.w2, self.spec.moe.router.top_k, w13.dtype, block.round_weights,
+                           max_tokens)
 
     def checkpoint_name(self, param_name: str) -> str:
         name = super().checkpoint_name(param_name)

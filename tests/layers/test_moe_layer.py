@@ -381,3 +381,24 @@ def test_launch_tiles_fit_shared_memory_for_the_dtype():
         raw = next((cfg[b] for b in sorted(cfg) if pairs <= b), cfg[max(cfg)])
         assert tk.launch_config(pairs, 128, 2048, 768, 2) == {**raw, "num_stages": raw.get("num_stages", 3)}
         assert need(tk.launch_config(pairs, 128, 2048, 768, 4), 4) <= tk.SMEM_BUDGET
+
+
+def test_warm_up_covers_the_engines_largest_step(monkeypatch):
+    """With the engine's max_num_batched_tokens, warm_up reaches the launch buckets of a whole
+    prefill chunk (at the Qwen3-30B-A3B shape's measured table, buckets past 8,192 pairs), not
+    only those of WARM_UP_MAX_PAIRS: a bucket left cold compiled in the middle of serving."""
+    from adaspec.layers.moe import triton_kernels as tk
+
+    E, H, I, k, max_tokens = 128, 2048, 768, 8, 8192
+    warmed = []
+    monkeypatch.setattr(tk, "fused_experts_triton", lambda x, *a, **kw: warmed.append(x.shape[0]))
+    w13, w2 = torch.empty(E, 2 * I, H, device="meta"), torch.empty(E, H, I, device="meta")
+
+    def key(T):
+        path, cfg = tk.plan(T, k, E, H, I, 2)
+        return path, T * k > tk.ONE_PROGRAM_MAX_PAIRS, tuple(sorted(cfg.items()))
+
+    tk.warm_up(w13, w2, k, torch.bfloat16, max_tokens=max_tokens)
+    every = {key(T) for T in range(1, max_tokens + 1)}
+    assert {key(T) for T in warmed} == every
+    assert every - {key(T) for T in range(1, tk.WARM_UP_MAX_PAIRS // k + 1)}   # buckets only a big step reaches

@@ -340,20 +340,24 @@ def down_aligned(inter: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, a
     return out_k
 
 
-#: warm_up covers token counts up to this many pairs (the largest prefill chunk it expects).
+#: Pairs warm_up covers when it is not told the largest step (max_tokens).
 WARM_UP_MAX_PAIRS = 8192
 
 
-def warm_up(w13: torch.Tensor, w2: torch.Tensor, top_k: int, dtype: torch.dtype, round_weights: bool = False) -> int:
-    """Compile every launch the dispatch picks for these expert weights up to WARM_UP_MAX_PAIRS
-    pairs (both paths, every bucket of their tables), so no JIT compile happens while serving:
-    one call per distinct (path, launch config), since no kernel argument specialises on T.
-    `round_weights` as the model calls it (a compile-time switch). Returns the number of calls."""
+def warm_up(w13: torch.Tensor, w2: torch.Tensor, top_k: int, dtype: torch.dtype, round_weights: bool = False,
+            max_tokens: int | None = None) -> int:
+    """Compile every launch the dispatch picks for these expert weights for 1..max_tokens tokens
+    (the largest step the engine runs: its max_num_batched_tokens; None: WARM_UP_MAX_PAIRS
+    pairs), both paths and alignments, every bucket of their tables, so no JIT compile
+    happens while serving (a prefill chunk past the warmed buckets compiled for seconds in the
+    middle of a served run): one call per distinct (path, alignment, launch config), since no
+    kernel argument specialises on T. `round_weights` as the model calls it (a compile-time
+    switch). Returns the number of calls."""
     E, I2, H = w13.shape
     dev = w13.device
     elem_bytes = torch.empty(0, dtype=dtype).element_size()
     done = set()
-    for T in range(1, max(1, WARM_UP_MAX_PAIRS // top_k) + 1):
+    for T in range(1, (max_tokens or max(1, WARM_UP_MAX_PAIRS // top_k)) + 1):
         path, cfg = plan(T, top_k, E, H, I2 // 2, elem_bytes)
         key = (path, T * top_k > ONE_PROGRAM_MAX_PAIRS, tuple(sorted(cfg.items())))   # both alignments too
         if key in done:
