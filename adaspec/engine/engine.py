@@ -30,6 +30,7 @@ from adaspec.engine.kv_cache import KVCacheManager
 from adaspec.engine.request import Request, RequestOutput, SpecStats
 from adaspec.engine.runner import ModelRunner
 from adaspec.engine.scheduler import Scheduler, StepPlan, StepResult
+from adaspec.engine.step_clock import StepClock
 from adaspec.models.registry import generation_defaults
 from adaspec.sampling import SamplingParams, random_seed
 from adaspec.spec_decode.policy import StepFeedback, make_policy
@@ -125,6 +126,7 @@ class Engine:
         self.num_stalled_steps = 0
         self.stalled_since: float | None = None
         self.inflight = None    # the launched step not yet collected (overlap)
+        self._clock = StepClock()
         self.grammars = None    # structured.grammar.GrammarCache, built at the first constrained request
         if self.runner.draft is not None and hasattr(self.policy, "warm_up"):
             from adaspec.engine.profile import profile_step_times
@@ -219,6 +221,13 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one step; return incremental outputs of the requests that changed. With overlap
         these are the outputs of the previous step, collected after this one was launched."""
+        self._clock.call_began()
+        try:
+            return self._step()
+        finally:
+            self._clock.call_ended(self.has_unfinished())
+
+    def _step(self) -> list[RequestOutput]:
         changed: list[Request] = []
         if self.inflight is not None and not self.runner.plans_ahead(self.inflight.plan):
             changed += self._collect()
@@ -242,6 +251,7 @@ class Engine:
             changed += self._collect()
         self.runner.finish(launched)
         self.inflight = launched
+        self._clock.launched()
         if not self.config.overlap:
             changed += self._collect()
         return self._outputs(failed + changed)
@@ -250,15 +260,19 @@ class Engine:
         """Wait for the launched step, apply its results; the requests that changed."""
         step, self.inflight = self.inflight, None
         results = self.runner.collect(step)
+        device = self.runner.last_step_time
+        cost = self._clock.collected(getattr(self.runner, "last_wait", 0.0), device)
         changed = self.scheduler.postprocess(step.plan, results)
-        self._observe(step.plan, results, self.runner.last_step_time)
+        self._observe(step.plan, results, device, cost)
         return changed
 
     def _progressed(self) -> None:
         self.num_stalled_steps = 0
         self.stalled_since = None
 
-    def _observe(self, plan: StepPlan, results: list[StepResult], elapsed: float) -> None:
+    def _observe(self, plan: StepPlan, results: list[StepResult], elapsed: float, cost: float) -> None:
+        """Counters, the prefill pacer (fed the step's device span `elapsed`) and the policy
+        (fed `cost`: what the step cost the engine's cadence, StepClock)."""
         acc, drafted = Counter(), Counter()
         for s, res in zip(plan.scheduled, results):
             if s.draft is not None and not res.discarded:
@@ -276,7 +290,7 @@ class Engine:
         prefill = sum(s.num_rows for s in plan.scheduled if s.num_rows > 1)   # catch-up rows too
         self.scheduler.pacer.observe(elapsed, prefill)
         self.policy.observe(StepFeedback(
-            batch_size=len(plan.scheduled), num_tokens=plan.num_tokens, draft_len=draft_len, step_time=elapsed,
+            batch_size=len(plan.scheduled), num_tokens=plan.num_tokens, draft_len=draft_len, step_time=cost,
             num_prefill_tokens=prefill,
             accepted_per_position=tuple(acc[d] for d in range(depth)),
             drafted_per_position=tuple(drafted[d] for d in range(depth))))

@@ -125,6 +125,7 @@ class ModelRunner:
         self.chain = self.trees = None
         self.max_model_len = 0
         self.last_step_time = 0.0
+        self.last_wait = 0.0   # seconds `collect` was blocked on the device (engine.step_clock)
         self.prev_speculative = False   # the last launched step verified drafts
         self.grammar_masks: GrammarMasks | None = None
 
@@ -285,8 +286,10 @@ class ModelRunner:
         self.finish(step)
         start, end = step.start, step.end
         if self.device.type == "cuda":
+            t = time.perf_counter()
             with self._tp_step():
                 end.synchronize()
+            self.last_wait = time.perf_counter() - t
             self.last_step_time = start.elapsed_time(end) / 1e3
         else:
             self.last_step_time = end - start

@@ -153,6 +153,7 @@ class AutoPolicy(SpeculationPolicy):
         self.prior_rate = prior_rate
         self.times: dict[tuple[int, int], float] = {}             # (depth, bucket) -> seconds
         self.samples: dict[tuple[int, int], deque] = {}           # the recent step times behind each
+        self.profiled: set[tuple[int, int]] = set()   # entries still the start-up profile's (see warm_up)
         self.window = window
         self.depth = 0
         self.steps_since_spec = 0
@@ -337,6 +338,9 @@ class AutoPolicy(SpeculationPolicy):
                 self.rates[i] = (1 - w) * old + w * r
 
     def _sample(self, key: tuple[int, int], t: float) -> None:
+        if key in self.profiled:   # the first step measured in service replaces the profile's figure
+            self.profiled.discard(key)
+            self.samples.pop(key, None)
         recent = self.samples.setdefault(key, deque(maxlen=self.window))
         recent.append(t)
         self.times[key] = min(recent)
@@ -355,14 +359,20 @@ class AutoPolicy(SpeculationPolicy):
     def warm_up(self, profile) -> None:
         """`profile(shapes)` -> {(batch size, depth index): seconds}: measured step times that
         seed the cost table before the first request; an entry "catchup_token" (seconds a
-        prompt or catch-up row adds to a step) seeds `token_time`."""
+        prompt or catch-up row adds to a step) seeds `token_time`. A profiled entry stands
+        until its depth and bucket are measured in service, then gives way (not a sample among
+        them): the profile times launches alone, without the scheduling, postprocessing and
+        output work a served step also pays (all of a host-bound step's difference), so its
+        figures run low, and the minimum of a window would keep them."""
         if self.cfg.auto_profile:
             for key, t in profile(self.shapes).items():
                 if key == "catchup_token":
                     self.profiled_token_time = t
                 else:
                     b, d = key
-                    self._sample((d, self.bucket(b)), t)
+                    k = (d, self.bucket(b))
+                    self._sample(k, t)
+                    self.profiled.add(k)
 
 
 def request_shape(shape: DraftShape | None, speculate: bool, max_draft_tokens: int | None,
