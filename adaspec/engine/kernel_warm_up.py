@@ -25,13 +25,13 @@ def warm_up_kernels(runner) -> None:
         for num_heads, cache, dtype, windows in heads:
             n += runner.backend.warm_up(num_heads, cache, runner.rows.block_table, runner.block_size, dtype, windows)
         if hasattr(runner.model, "warm_up_kernels"):   # e.g. the fused-MoE launch buckets
-            n += runner.model.warm_up_kernels(runner.cfg.max_num_batched_tokens)
+            n += runner.model.warm_up_kernels(runner.cfg.scheduler.max_num_batched_tokens)
         if runner.draft is not None:   # the in-flight shift of speculative steps
             from adaspec.device import shift_kernels
             n += 2 * shift_kernels.warm_up(runner.rows.last_count, runner.rows.block_table, runner.block_size)
         torch.cuda.synchronize()
     except Exception as ex:  # an optimization: never a reason not to serve
-        log.warning("attention warm-up failed (%s); kernels compile at first use", ex)
+        log.warning("kernel warm-up failed (%s); kernels compile at first use", ex)
         return
     if n:
-        log.info("attention kernels warmed up: %d launches in %.1f s", n, time.perf_counter() - t0)
+        log.info("kernels warmed up: %d launches in %.1f s", n, time.perf_counter() - t0)
