@@ -32,6 +32,7 @@ def test_tables_become_a_part_that_merges(tmp_path):
     assert mod.main([str(log), "--part", "a", "--out-dir", str(tmp_path / "le"), "--date", "2026-12-03"]) == 0
     part = load_part(tmp_path / "le" / "part-a")
     assert list(part["configs"]) == ["off", "chain3"]   # thr32 never printed a table
+    assert part["configs"]["chain3"]["policy"] == "always"   # (fixed configurations are told by policy)
     off = part["configs"]["off"]["levels"]
     assert [lv["concurrency"] for lv in off] == [1, 16]
     assert off[1]["output_throughput"] == 595.6 and off[1]["p99_ttft_ms"] == 7985.1
