@@ -63,17 +63,20 @@ def main(argv=None) -> int:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    names = sorted({cfg for run in runs.values() for cfg in run["over_off"]})
+    colour = {cfg: f"C{i}" for i, cfg in enumerate(names)}   # one colour per configuration, both panels
     for ax, (name, run) in zip(axes, runs.items()):
         for cfg, r in sorted(run["over_off"].items()):
             xs = sorted(r)
-            ax.plot(xs, [r[x] for x in xs], marker="o", label=cfg)
+            ax.plot(xs, [r[x] for x in xs], marker="o", label=cfg, color=colour[cfg])
         ax.axhline(1.0, color="grey", lw=1, ls="--")
         ax.set_xscale("log", base=2)
         ax.set_title(name)
         ax.set_xlabel("concurrency (closed loop)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("output throughput / off")
-    axes[1].legend()
+    for ax in axes:
+        ax.legend()
     fig.suptitle("Speculation over plain decoding: dense vs MoE (H200, simulated acceptance 0.8)")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
