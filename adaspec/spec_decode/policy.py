@@ -30,7 +30,8 @@ class StepFeedback:
     batch_size: int                 # requests that ran this step
     num_tokens: int                 # query tokens in the target forward
     draft_len: int                  # draft tokens per speculating request (0 = none)
-    step_time: float                # seconds, whole step (draft + target + sampling)
+    step_time: float                # seconds the step cost the engine's cadence: its device span, or
+                                    # the host's work per cycle where larger (engine/step_clock.py)
     num_prefill_tokens: int = 0     # > 0: the step also prefetched prompts (timing less clean)
     accepted_per_position: tuple = field(default_factory=tuple)  # this step's counts
     drafted_per_position: tuple = field(default_factory=tuple)
