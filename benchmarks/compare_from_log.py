@@ -18,9 +18,9 @@ import json
 import re
 from pathlib import Path
 
-COLUMNS = ("concurrency", "completed", "failed", "request_throughput", "output_throughput",
-           "total_token_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
-           "mean_itl_ms", "mean_e2el_ms", "acceptance_length")
+from adaspec.bench.report import SWEEP_COLUMNS
+
+COLUMNS = ("concurrency",) + tuple(f for _, f, _ in SWEEP_COLUMNS)   # the table `adaspec compare` prints
 ROW = re.compile(r"^\s*\d+\s+\d+\s+\d+\s+[\d.]+")
 
 

@@ -46,20 +46,23 @@ def _render(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
+#: `sweep_table`'s columns after the level's own: (header, level field, digits). Every level
+#: has each field but the acceptance length (runs without speculation metrics lack it).
+SWEEP_COLUMNS = (("ok", "completed", 1), ("fail", "failed", 1), ("req/s", "request_throughput", 2),
+                 ("out tok/s", "output_throughput", 1), ("tot tok/s", "total_token_throughput", 1),
+                 ("TTFT p50", "median_ttft_ms", 1), ("TTFT p99", "p99_ttft_ms", 1),
+                 ("TPOT p50", "median_tpot_ms", 2), ("TPOT p99", "p99_tpot_ms", 2),
+                 ("ITL mean", "mean_itl_ms", 2), ("E2EL mean", "mean_e2el_ms", 1),
+                 ("acc len", "acceptance_length", 2))
+
+
 def sweep_table(run: Mapping, title: str = "") -> str:
     """A terminal table of one run, one row per level, under `title` and, if the server
     simulated acceptance, the simulation banner."""
     closed = all(lv.get("mode", "closed") == "closed" for lv in run["levels"])
-    header = ["conc" if closed else "rate", "ok", "fail", "req/s", "out tok/s", "tot tok/s",
-              "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL mean", "E2EL mean", "acc len"]
-    rows = []
-    for lv in run["levels"]:
-        rows.append([level_label(lv), _fmt(lv["completed"]), _fmt(lv["failed"]),
-                     _fmt(lv["request_throughput"], 2), _fmt(lv["output_throughput"]),
-                     _fmt(lv["total_token_throughput"]), _fmt(lv["median_ttft_ms"]),
-                     _fmt(lv["p99_ttft_ms"]), _fmt(lv["median_tpot_ms"], 2), _fmt(lv["p99_tpot_ms"], 2),
-                     _fmt(lv["mean_itl_ms"], 2), _fmt(lv["mean_e2el_ms"]),
-                     _fmt(lv.get("acceptance_length"), 2)])
+    header = ["conc" if closed else "rate"] + [h for h, _, _ in SWEEP_COLUMNS]
+    rows = [[level_label(lv)] + [_fmt(lv.get(f) if f == "acceptance_length" else lv[f], d)
+                                 for _, f, d in SWEEP_COLUMNS] for lv in run["levels"]]
     parts = [title] if title else []
     banner = simulated_banner(run.get("simulated_acceptance"))
     if banner:

@@ -90,17 +90,9 @@ class _DraftGraph:
     def __init__(self, batch: int, graph, h0, tok0, out):
         self.batch, self.graph, self.h0, self.tok0, self.out = batch, graph, h0, tok0, out
 
-    def run(self, h: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
-        n = h.shape[0]
-        self.h0[:n].copy_(h)
-        self.tok0[:n].copy_(tok)
-        self.graph.replay()
-        return self.out
-
-    def run_gathered(self, hidden: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor,
-                     roots: torch.Tensor) -> torch.Tensor:
-        """`run(hidden[rows], ids[roots])`, gathered straight into the static inputs (one op
-        each instead of a gather and a copy: host time of every speculative step)."""
+    def run(self, hidden: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, roots: torch.Tensor) -> torch.Tensor:
+        """The drafts from (hidden[rows], ids[roots]), gathered straight into the static inputs
+        (one op each instead of a gather and a copy: host time of every speculative step)."""
         n = rows.shape[0]
         torch.index_select(hidden, 0, rows, out=self.h0[:n])
         torch.index_select(ids, 0, roots, out=self.tok0[:n])

@@ -119,7 +119,7 @@ class ChainDrafter:
         forward's input ids and the verify batch's tokens."""
         r = batch.routes
         if batch.graph is not None:
-            dt = batch.graph.run_gathered(draft_hidden, r.rows.t, ids_d, r.root_rows.t)[: batch.B]
+            dt = batch.graph.run(draft_hidden, r.rows.t, ids_d, r.root_rows.t)[: batch.B]
         else:
             dt = self.draft(draft_hidden[r.rows.t], ids_d[r.root_rows.t], batch.steps)
         # (index_copy_, not indexed assignment: the same one kernel each, less host time)

@@ -68,7 +68,7 @@ def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vo
 class Engine:
     """The step loop over a scheduler (which decides) and a runner (which executes). `runner`
     is built from `cfg` unless given: any object with ModelRunner's surface (`setup`,
-    `launch`, `finish`, `collect`, `plans_ahead`, `last_step_time`, `num_blocks`, `model_spec`, `draft`,
+    `launch`, `finish`, `collect`, `plans_ahead`, `last_step_time`, `last_wait`, `num_blocks`, `model_spec`, `draft`,
     `device`, `backend`, `graphs`), which is how the scheduler/KV invariant tests drive this
     very loop without a model."""
 
@@ -261,7 +261,7 @@ class Engine:
         step, self.inflight = self.inflight, None
         results = self.runner.collect(step)
         device = self.runner.last_step_time
-        cost = self._clock.collected(getattr(self.runner, "last_wait", 0.0), device)
+        cost = self._clock.collected(self.runner.last_wait, device)
         changed = self.scheduler.postprocess(step.plan, results)
         self._observe(step.plan, results, device, cost)
         return changed

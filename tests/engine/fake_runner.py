@@ -36,6 +36,7 @@ class FakeRunner:
         self.backend = SimpleNamespace(name="fake")
         self.graphs = None
         self.last_step_time = 1e-3
+        self.last_wait = 0.0
         self.inflight = None
         self.launches = 0
 

@@ -154,7 +154,7 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
 
 
 def test_draft_graph_gathers_its_inputs_in_place():
-    """`_DraftGraph.run_gathered` fills the static inputs straight from the device rows (what a
+    """`_DraftGraph.run` fills the static inputs straight from the device rows (what a
     chain step's `run(hidden[rows], ids[roots])` did with a gather and a copy each)."""
     from types import SimpleNamespace
 
@@ -165,6 +165,6 @@ def test_draft_graph_gathers_its_inputs_in_place():
     g = _DraftGraph(4, SimpleNamespace(replay=lambda: seen.append((h0[:2].clone(), tok0[:2].clone()))),
                     h0, tok0, torch.zeros(4, 2))
     hidden, ids = torch.arange(30.0).reshape(10, 3), torch.arange(100, 120)
-    g.run_gathered(hidden, torch.tensor([7, 2]), ids, torch.tensor([5, 9]))
+    g.run(hidden, torch.tensor([7, 2]), ids, torch.tensor([5, 9]))
     assert torch.equal(seen[0][0], hidden[[7, 2]]) and seen[0][1].tolist() == [105, 109]
     assert not h0[2:].any() and not tok0[2:].any()   # the padding rows are left alone
