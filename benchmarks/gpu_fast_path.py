@@ -69,7 +69,7 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(0, 128000, (CTX,), generator=g).tolist() for _ in range(n)]
 
 
-def profile_steps(eng, steps: int = 6, top: int = 12) -> dict:
+def profile_steps(eng, steps: int = 6, top: int = 20) -> dict:
     """A kernel profile of `steps` engine steps: device busy time (sum of kernel times) per
     step against wall time per step, and the kernels that take the most time."""
     from torch.profiler import ProfilerActivity, profile
@@ -303,7 +303,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hf", default=None)
     ap.add_argument("--out", default="gpu_fast_path.json")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: steps,generate,throughput")
-    ap.add_argument("--profile", action="store_true", help="kernel profile of the steps at b = 1, 16 and 64")
+    ap.add_argument("--profile", action="store_true", help="kernel profile of the steps at --profile-batches")
+    ap.add_argument("--profile-batches", default="1,16,64", help="batches --profile profiles (default %(default)s)")
     ap.add_argument("--configs", default="off,chain3,tree16", help="comma list of configurations to run")
     ap.add_argument("--prefill-threshold", type=int, default=8192,
                     help="long_prefill_token_threshold of the engines (default: the step budget, unpaced; 0: paced)")
@@ -316,6 +317,8 @@ def main(argv=None) -> int:
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ctx": CTX,
                  "shape": a.shape, "physics_key": a.physics_key,
                  "physics_T_ms": phys, "startup": {}, "steps": {}, "targets": {}}
+
+    prof_batches = {int(b) for b in a.profile_batches.split(",")}
 
     def T(b, q):
         v = phys.get(f"{b}x{q}")
@@ -336,7 +339,7 @@ def main(argv=None) -> int:
         if "steps" not in skip:
             q = Q[config]
             for b in batches:
-                r = step_times(llm, b, profile=a.profile and b in (1, 16, 64), speculate=config not in OPT_OUT)
+                r = step_times(llm, b, profile=a.profile and b in prof_batches, speculate=config not in OPT_OUT)
                 ref = T(b, q)
                 r.update(physics_ms=ref, step_ratio=r["step_ms"] / ref if ref else None,
                          forward_ratio=r.get("forward_ms", 0) / ref if ref and "forward_ms" in r else None)
