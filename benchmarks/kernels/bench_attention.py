@@ -43,23 +43,24 @@ def tree_mask(q: int) -> np.ndarray:
     return m
 
 
-def build(b: int, ctx: int, q: int, dev, dtype, seed=0):
+def build(b: int, ctx: int, q: int, dev, dtype, seed=0, hq: int = HQ, hkv: int = HKV, tree: bool | None = None):
     """Caches holding b requests of ctx keys each (the last q of them the new rows), with
-    shuffled pages, and the AttnMeta of one forward over them."""
+    shuffled pages, and the AttnMeta of one forward over them: `hq` / `hkv` query / KV heads;
+    for q > 1 a tree mask over the new rows unless `tree` is False (a chain: causal)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     pages_per = math.ceil(ctx / BLOCK)
     num_pages = b * pages_per
-    k_cache = torch.randn(num_pages * BLOCK, HKV, D, generator=g).to(dev, dtype)
-    v_cache = torch.randn(num_pages * BLOCK, HKV, D, generator=g).to(dev, dtype)
+    k_cache = torch.randn(num_pages * BLOCK, hkv, D, generator=g).to(dev, dtype)
+    v_cache = torch.randn(num_pages * BLOCK, hkv, D, generator=g).to(dev, dtype)
     table = torch.randperm(num_pages, generator=g).view(b, pages_per).to(torch.int32)
     T = b * q
     prefix = ctx - q
     q_lens = [q] * b
-    block_q = choose_block_q(q, HQ // HKV, b)
+    block_q = choose_block_q(q, hq // hkv, b)
     prog_req, prog_q0 = launch_plan(q_lens, block_q)
-    tree = q > 1
+    tree = q > 1 if tree is None else tree and q > 1
     mask = np.tile(tree_mask(q).reshape(-1), b) if tree else np.zeros(1, np.uint8)
-    depth = tree_mask(q).sum(1) - 1 if tree else np.zeros(1, np.int64)
+    depth = tree_mask(q).sum(1) - 1 if tree else np.arange(q)
     i32 = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.int32, device=dev)  # noqa: E731
     meta = AttnMeta(
         positions=torch.as_tensor(np.tile(prefix + depth, b), dtype=torch.int64, device=dev),
@@ -77,7 +78,7 @@ def build(b: int, ctx: int, q: int, dev, dtype, seed=0):
         prog_q0=torch.as_tensor(prog_q0, device=dev),
         block_q=block_q, block_size=BLOCK, max_ctx_len=ctx, max_q_len=q,
     )
-    qt = torch.randn(T, HQ, D, generator=g).to(dev, dtype)
+    qt = torch.randn(T, hq, D, generator=g).to(dev, dtype)
     return qt, k_cache, v_cache, meta
 
 

@@ -9,6 +9,7 @@ interpreter is slow: its cases are few and small.
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -516,3 +517,43 @@ def test_triton_on_gpu_matches_reference(dtype):
         got = triton_paged_attention(b.q, b.k_cache, b.v_cache, b.meta, 128 ** -0.5, num_splits=splits)
         tol = 1e-4 if dtype == torch.float32 else 3e-2
         torch.testing.assert_close(got.double().cpu(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("n", [1, 16])
+def test_measured_launch_matches_reference(n, tmp_path, monkeypatch):
+    """(layers/attention/launch_table.py) The kernel run with the table's launch (block_q, key block, split-KV) gives the torch
+    reference's output; and it did take the table's launch (the recorded kernel arguments)."""
+    if torch.cuda.is_available():
+        pytest.skip("runs the interpreter on CPU; the GPU tests cover the device")
+    from adaspec.layers.attention import launch_table
+    from adaspec.layers.attention import triton_kernels as tk
+
+    t = {}
+    launch_table.merge_entry(t, 8, 16, 1, 1, dict(block_q=1, block_n=16, num_warps=4, num_stages=2, num_splits=3))
+    launch_table.merge_entry(t, 8, 16, 1, 64, dict(block_q=1, block_n=32, num_warps=2, num_stages=3, num_splits=1))
+    (tmp_path / "t.json").write_text(json.dumps(t))
+    monkeypatch.setattr(launch_table, "TABLE_FILE", tmp_path / "t.json")
+    launch_table._table.cache_clear()
+
+    launches = []
+    real = tk._paged_attn_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def go(*args, **kw):
+                launches.append((grid, kw["BLOCK_N"], kw["BLOCK_Q"]))
+                return real[grid](*args, **kw)
+            return go
+
+    monkeypatch.setattr(tk, "_paged_attn_kernel", Spy())
+    reqs = [Req(prefix=40 + 7 * i, q_len=1) for i in range(n)]
+    bq = tk.choose_block_q(1, 8, n)
+    b = make_batch(reqs, 8, 1, 16, 16, block_q=bq)
+    b.meta.max_ctx_len = 64 * 8
+    check("triton", b)
+    want = launch_table.lookup(8, 16, 1, n)
+    launch_table._table.cache_clear()
+    grid, bn, got_bq = launches[-1]
+    assert (bn, got_bq, grid[2]) == (want["block_n"], want["block_q"], want["num_splits"])
+    assert want["block_n"] == (16 if n == 1 else 32)

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from adaspec.layers.attention import launch_table
 from adaspec.layers.attention.meta import AttnMeta
 
 # A tile of rows narrower than 16 cannot feed tl.dot; larger ones stay within the register
@@ -59,6 +60,9 @@ def choose_block_q(max_q_len: int, group: int, num_reqs: int | None = None) -> i
         raise ValueError(f"choose_block_q: need max_q_len >= 1 and group >= 1, got {max_q_len}, {group}")
     gp = _next_pow2(group)
     bq = max(1, min(_next_pow2(max_q_len), MAX_BLOCK_M // gp))
+    measured = launch_table.lookup(group, None, max_q_len, num_reqs) if num_reqs is not None else None
+    if measured is not None:   # the sweep's choice for this layout and batch (launch_table)
+        return max(1, min(measured["block_q"], bq))
     if num_reqs is not None:
         while bq * gp > MIN_BLOCK_M and num_reqs * -(-max_q_len // bq) < MIN_PROGRAMS_PER_KV_HEAD:
             bq //= 2
@@ -274,6 +278,13 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     GP = _next_pow2(G)
     BLOCK_M = max(MIN_BLOCK_M, block_q * GP)
     D_PAD = max(16, _next_pow2(D))
+    dn, dw, ds = launch_config(BLOCK_M, D_PAD)
+    measured = launch_table.lookup(G, D, meta.max_q_len, meta.num_reqs)
+    if measured is not None and choose_block_q(meta.max_q_len, G, meta.num_reqs) == block_q:
+        # The sweep's launch for this tile (the plan's block_q came from the same entry).
+        dn, dw, ds = measured["block_n"], measured["num_warps"], measured["num_stages"]
+        if num_splits is None:
+            num_splits = max(1, min(measured["num_splits"], meta.max_ctx_len // 128))
     if num_splits is None:
         num_splits = choose_num_splits(P * Hkv, meta.max_ctx_len, q.device, BLOCK_M)
     split = num_splits > 1
@@ -282,7 +293,6 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         ws_ml = torch.empty(num_splits, T, Hq, 2, dtype=torch.float32, device=q.device)
     else:
         ws_acc = ws_ml = out  # unused
-    dn, dw, ds = launch_config(BLOCK_M, D_PAD)
     block_n, num_warps, num_stages = block_n or dn, num_warps or dw, num_stages or ds
     _paged_attn_kernel[(P, Hkv, num_splits)](
         q, k_cache, v_cache, out, ws_acc, ws_ml,
@@ -319,7 +329,7 @@ def warm_up(num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
     dev = k_cache.device
     Hkv, D = k_cache.shape[1], k_cache.shape[2]
     G = num_heads // Hkv
-    cap = choose_block_q(1 << 20, G)
+    cap = max([choose_block_q(1 << 20, G)] + [e["block_q"] for e in launch_table.entries(G, D)])
     i32 = functools.partial(torch.zeros, dtype=torch.int32, device=dev)
     launches = 0
     bq = 1
@@ -336,10 +346,15 @@ def warm_up(num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
             mask_offset=i32(4)[:1], block_table=block_table, mask=torch.zeros(16, dtype=torch.uint8, device=dev),
             prog_req=i32(4)[:1], prog_q0=i32(4)[:1], block_q=bq, block_size=block_size, max_q_len=T,
             max_ctx_len=0)
+        # The heuristics' launch, and every launch the measured table holds for this tile.
+        variants = {(None, None, None)} | {(e["block_n"], e["num_warps"], e["num_stages"])
+                                           for e in launch_table.entries(G, D) if e["block_q"] == bq}
         for window in windows:
             for splits in (1, 2):
-                triton_paged_attention(q, k_cache, v_cache, meta, 1.0, window, num_splits=splits)
-                launches += 1
+                for bn, nw, ns in variants:
+                    triton_paged_attention(q, k_cache, v_cache, meta, 1.0, window, num_splits=splits, block_n=bn,
+                                           num_warps=nw, num_stages=ns)
+                    launches += 1
         bq *= 2
     return launches
 
