@@ -31,6 +31,10 @@ def use_triton(x: torch.Tensor) -> bool:
     return triton is not None and (x.is_cuda or os.environ.get("ADASPEC_TRITON_INTERPRET") == "1")
 
 
+# Heads per program of the rotary kernel (one program per head was launch-bound at verify sizes).
+ROTARY_HEADS_PER_PROGRAM = 8
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
@@ -116,73 +120,70 @@ if triton is not None:
         tl.store(out_ptr + row * stride_o + c, (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=ok)
 
     @triton.jit
-    def _head_norm(base, w_ptr, i, i_ok, eps, D: tl.constexpr, D_PAD: tl.constexpr):
-        """RMSNorm of the head at `base` (D values) as `_rms_norm_kernel` rounds it, at the
-        offsets `i`: its inverse RMS from one load of the whole head (the same fp32 sum as that
-        kernel's), then weight * normed.to(dtype), rounded to the dtype."""
-        d = tl.arange(0, D_PAD)
-        h = tl.load(base + d, mask=d < D, other=0.0).to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / D + eps)
-        x = tl.load(base + i, mask=i_ok, other=0.0)
-        normed = (x.to(tl.float32) * inv).to(x.dtype).to(tl.float32)
-        return (tl.load(w_ptr + i, mask=i_ok, other=0.0).to(tl.float32) * normed).to(x.dtype)
-
-    @triton.jit
     def _rotary_qkv_store_kernel(qkv_ptr, pos_ptr, cs_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, qn_ptr, kn_ptr,
                                  stride_t, stride_cs, stride_kc, stride_kh, stride_vc, stride_vh, eps,
                                  NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
                                  D_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-                                 NORM: tl.constexpr):
-        """Program (t, h): q head h (h < NUM_HEADS, rotated in place) or KV head h - NUM_HEADS
-        (k rotated and stored, v stored; slot < 0 skips the store). NORM: q and k heads are
-        RMS-normed first (weights qn / kn [D]); q's normed tail (partial rotary) is stored too."""
+                                 NORM: tl.constexpr, BH: tl.constexpr):
+        """Program (t, block of BH heads): heads h < NUM_HEADS are q heads (rotated in place),
+        the next NUM_KV are KV heads (k rotated and stored, v stored; slot < 0 skips the store).
+        NORM: q and k heads are RMS-normed first (weights qn / kn [D]; per head, its inverse RMS
+        from the whole head in fp32, then weight * normed.to(dtype), as `_rms_norm_kernel`
+        rounds); q's normed tail (partial rotary) is stored too. A head per program was 36
+        programs of one warp per token: at 1,024 verify rows that launch took 23 us on the H200."""
         t = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1)
+        h = tl.program_id(1) * BH + tl.arange(0, BH)
+        h_ok = h < NUM_HEADS + NUM_KV
+        is_q = h < NUM_HEADS
         pos = tl.load(pos_ptr + t)
         i = tl.arange(0, HALF_PAD)
         i_ok = i < HALF
-        base = qkv_ptr + t * stride_t + h * D  # the k heads follow the q heads in qkv
-        if NORM:
-            w_ptr = qn_ptr if h < NUM_HEADS else kn_ptr
-            x1 = _head_norm(base, w_ptr, i, i_ok, eps, D, D_PAD)
-            x2 = _head_norm(base, w_ptr, HALF + i, i_ok, eps, D, D_PAD)
-        else:
-            x1 = tl.load(base + i, mask=i_ok, other=0.0)
-            x2 = tl.load(base + HALF + i, mask=i_ok, other=0.0)
+        d = tl.arange(0, D_PAD)
+        base = qkv_ptr + t * stride_t + h[:, None].to(tl.int64) * D   # the k heads follow the q heads
+        m1 = h_ok[:, None] & i_ok[None, :]
+        x1 = tl.load(base + i[None, :], mask=m1, other=0.0)
+        x2 = tl.load(base + HALF + i[None, :], mask=m1, other=0.0)
         ty = x1.dtype
+        rest = (d >= 2 * HALF) & (d < D)   # partial rotary: the tail dims are not rotated
+        xt = tl.load(base + d[None, :], mask=h_ok[:, None] & rest[None, :], other=0.0)
+        if NORM:
+            full = tl.load(base + d[None, :], mask=h_ok[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)
+            inv = (1.0 / tl.sqrt(tl.sum(full * full, axis=1) / D + eps))[:, None]
+            w1 = tl.where(is_q[:, None], tl.load(qn_ptr + i, mask=i_ok, other=0.0)[None, :],
+                          tl.load(kn_ptr + i, mask=i_ok, other=0.0)[None, :]).to(tl.float32)
+            w2 = tl.where(is_q[:, None], tl.load(qn_ptr + HALF + i, mask=i_ok, other=0.0)[None, :],
+                          tl.load(kn_ptr + HALF + i, mask=i_ok, other=0.0)[None, :]).to(tl.float32)
+            wt = tl.where(is_q[:, None], tl.load(qn_ptr + d, mask=rest, other=0.0)[None, :],
+                          tl.load(kn_ptr + d, mask=rest, other=0.0)[None, :]).to(tl.float32)
+            x1 = (w1 * (x1.to(tl.float32) * inv).to(ty).to(tl.float32)).to(ty)
+            x2 = (w2 * (x2.to(tl.float32) * inv).to(ty).to(tl.float32)).to(ty)
+            xt = (wt * (xt.to(tl.float32) * inv).to(ty).to(tl.float32)).to(ty)
         # HF rounds cos/sin to the model dtype and rounds every product and sum once.
-        c = tl.load(cs_ptr + pos * stride_cs + i, mask=i_ok, other=0.0).to(ty).to(tl.float32)
-        s = tl.load(cs_ptr + pos * stride_cs + HALF + i, mask=i_ok, other=0.0).to(ty).to(tl.float32)
+        c = tl.load(cs_ptr + pos * stride_cs + i, mask=i_ok, other=0.0).to(ty).to(tl.float32)[None, :]
+        s = tl.load(cs_ptr + pos * stride_cs + HALF + i, mask=i_ok, other=0.0).to(ty).to(tl.float32)[None, :]
         a1 = x1.to(tl.float32)
         a2 = x2.to(tl.float32)
         o1 = ((a1 * c).to(ty).to(tl.float32) - (a2 * s).to(ty).to(tl.float32)).to(ty)
         o2 = ((a2 * c).to(ty).to(tl.float32) + (a1 * s).to(ty).to(tl.float32)).to(ty)
-        if h < NUM_HEADS:
-            if NORM and 2 * HALF < D:   # partial rotary: q's tail is normed, not rotated
-                d = tl.arange(0, D_PAD)
-                rest = (d >= 2 * HALF) & (d < D)
-                tail = _head_norm(base, qn_ptr, d, rest, eps, D, D_PAD)
-            tl.store(base + i, o1, mask=i_ok)
-            tl.store(base + HALF + i, o2, mask=i_ok)
-            if NORM and 2 * HALF < D:
-                tl.store(base + d, tail, mask=rest)
-        else:
-            kvh = h - NUM_HEADS
-            slot = tl.load(slot_ptr + t).to(tl.int64)
-            if slot >= 0:  # negative: the KV already lives in a shared prefix block
-                kdst = k_cache_ptr + slot * stride_kc + kvh * stride_kh
-                tl.store(kdst + i, o1.to(k_cache_ptr.dtype.element_ty), mask=i_ok)
-                tl.store(kdst + HALF + i, o2.to(k_cache_ptr.dtype.element_ty), mask=i_ok)
-                d = tl.arange(0, D_PAD)
-                rest = (d >= 2 * HALF) & (d < D)  # partial rotary: the tail passes through
-                if NORM:
-                    tail = _head_norm(base, kn_ptr, d, rest, eps, D, D_PAD)
-                else:
-                    tail = tl.load(base + d, mask=rest, other=0.0)
-                tl.store(kdst + d, tail.to(k_cache_ptr.dtype.element_ty), mask=rest)
-                v = tl.load(base + NUM_KV * D + d, mask=d < D, other=0.0)
-                vdst = v_cache_ptr + slot * stride_vc + kvh * stride_vh
-                tl.store(vdst + d, v.to(v_cache_ptr.dtype.element_ty), mask=d < D)
+        qm = m1 & is_q[:, None]
+        tl.store(base + i[None, :], o1, mask=qm)
+        tl.store(base + HALF + i[None, :], o2, mask=qm)
+        if NORM and 2 * HALF < D:
+            tl.store(base + d[None, :], xt, mask=is_q[:, None] & rest[None, :])
+        # KV heads: the rotated k and the v rows into the caches at the row's slot (negative:
+        # the KV already lives in a shared prefix block). Broadcast the slot before comparing:
+        # the interpreter rejects a scalar bool in a mask.
+        kvh = (h - NUM_HEADS).to(tl.int64)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        kv_ok = h_ok & (h >= NUM_HEADS) & ((kvh * 0 + slot) >= 0)
+        kty = k_cache_ptr.dtype.element_ty
+        kdst = k_cache_ptr + slot * stride_kc + kvh[:, None] * stride_kh
+        tl.store(kdst + i[None, :], o1.to(kty), mask=kv_ok[:, None] & i_ok[None, :])
+        tl.store(kdst + HALF + i[None, :], o2.to(kty), mask=kv_ok[:, None] & i_ok[None, :])
+        tl.store(kdst + d[None, :], xt.to(kty), mask=kv_ok[:, None] & rest[None, :])
+        v = tl.load(base + NUM_KV * D + d[None, :], mask=kv_ok[:, None] & (d < D)[None, :], other=0.0)
+        vdst = v_cache_ptr + slot * stride_vc + kvh[:, None] * stride_vh
+        tl.store(vdst + d[None, :], v.to(v_cache_ptr.dtype.element_ty), mask=kv_ok[:, None] & (d < D)[None, :])
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -271,9 +272,10 @@ def rotary_qkv_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.
     if T:
         half = rot // 2
         norm = q_norm is not None
-        _rotary_qkv_store_kernel[(T, num_heads + num_kv_heads)](
+        bh = min(ROTARY_HEADS_PER_PROGRAM, _next_pow2(num_heads + num_kv_heads))
+        _rotary_qkv_store_kernel[(T, triton.cdiv(num_heads + num_kv_heads, bh))](
             qkv, positions, cos_sin, slot_mapping, k_cache, v_cache, q_norm if norm else qkv, k_norm if norm else qkv,
             qkv.stride(0), cos_sin.stride(0), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
             v_cache.stride(1), float(eps), NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=head_dim,
-            D_PAD=_next_pow2(head_dim), HALF=half, HALF_PAD=_next_pow2(half), NORM=norm, num_warps=1)
+            D_PAD=_next_pow2(head_dim), HALF=half, HALF_PAD=_next_pow2(half), NORM=norm, BH=bh, num_warps=2)
     return q

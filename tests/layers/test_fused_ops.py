@@ -98,8 +98,9 @@ ROPES = [({"rope_type": "default", "rope_theta": 10000.0}, 1.0),
 @pytest.mark.parametrize("path", PATHS, indirect=True)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rope,partial", ROPES)
-def test_rotary_qkv_store_matches_llama(path, dtype, rope, partial):
-    T, Hq, Hkv, D, max_pos = 6, 4, 2, 16, 64
+@pytest.mark.parametrize("Hq,Hkv", [(4, 2), (14, 2)])   # one program's block of heads; two, the last part-filled
+def test_rotary_qkv_store_matches_llama(path, dtype, rope, partial, Hq, Hkv):
+    T, D, max_pos = 6, 16, 64
     rotary = RotaryEmbedding(D, rope, max_pos, partial=partial)
     table = rotary.cos_sin_cache(max_pos, torch.device("cpu"))
     assert table.shape == (max_pos, rotary.rot_dim) and table.dtype == torch.float32
@@ -136,10 +137,11 @@ def test_rotary_qkv_store_matches_llama(path, dtype, rope, partial):
 @pytest.mark.parametrize("path", PATHS, indirect=True)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("partial", [1.0, 0.5])
-def test_rotary_qkv_store_with_head_norms_matches_qwen3(path, dtype, partial):
+@pytest.mark.parametrize("Hq,Hkv", [(4, 2), (8, 3)])
+def test_rotary_qkv_store_with_head_norms_matches_qwen3(path, dtype, partial, Hq, Hkv):
     """q_norm / k_norm in the kernel: what Qwen3 (and GLM's use_qk_norm) does unfused: each q
     and k head RMS-normed (RMSNorm over head_dim), then rotary; v untouched by the norms."""
-    T, Hq, Hkv, D, max_pos, eps = 5, 4, 2, 16, 64, 1e-6
+    T, D, max_pos, eps = 5, 16, 64, 1e-6
     rotary = RotaryEmbedding(D, {"rope_type": "default", "rope_theta": 10000.0}, max_pos, partial=partial)
     table = rotary.cos_sin_cache(max_pos, torch.device("cpu"))
     qn, kn = RMSNorm(D, eps), RMSNorm(D, eps)
