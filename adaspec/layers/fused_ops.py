@@ -31,8 +31,9 @@ def use_triton(x: torch.Tensor) -> bool:
     return triton is not None and (x.is_cuda or os.environ.get("ADASPEC_TRITON_INTERPRET") == "1")
 
 
-# Heads per program of the rotary kernel (one program per head was launch-bound at verify sizes).
-ROTARY_HEADS_PER_PROGRAM = 8
+# Heads per program of the rotary kernel: one while the grid stays small (latency), a block of
+# 8 past ROTARY_ONE_HEAD_MAX_PROGRAMS programs (a program per head is launch-bound at verify sizes).
+ROTARY_HEADS_PER_PROGRAM, ROTARY_ONE_HEAD_MAX_PROGRAMS = 8, 4096
 
 
 def _next_pow2(n: int) -> int:
@@ -119,21 +120,24 @@ if triton is not None:
         act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # HF: silu rounds to the dtype, then * up
         tl.store(out_ptr + row * stride_o + c, (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=ok)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["hpp"])
     def _rotary_qkv_store_kernel(qkv_ptr, pos_ptr, cs_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, qn_ptr, kn_ptr,
-                                 stride_t, stride_cs, stride_kc, stride_kh, stride_vc, stride_vh, eps,
+                                 stride_t, stride_cs, stride_kc, stride_kh, stride_vc, stride_vh, eps, hpp,
                                  NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
                                  D_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
                                  NORM: tl.constexpr, BH: tl.constexpr):
-        """Program (t, block of BH heads): heads h < NUM_HEADS are q heads (rotated in place),
+        """Program (t, block of `hpp` <= BH heads): heads h < NUM_HEADS are q heads (rotated in place),
         the next NUM_KV are KV heads (k rotated and stored, v stored; slot < 0 skips the store).
         NORM: q and k heads are RMS-normed first (weights qn / kn [D]; per head, its inverse RMS
         from the whole head in fp32, then weight * normed.to(dtype), as `_rms_norm_kernel`
-        rounds); q's normed tail (partial rotary) is stored too. A head per program was 36
-        programs of one warp per token: at 1,024 verify rows that launch took 23 us on the H200."""
+        rounds); q's normed tail (partial rotary) is stored too. `hpp` is a runtime value (one
+        compiled variant serves every T): 1 for few rows (latency: a program per head), BH for
+        many (a program per head was 36 one-warp programs a token, 23 us at 1,024 verify rows on
+        the H200; 8 heads a program made it 10 us, and 1.6x slower at one row)."""
         t = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1) * BH + tl.arange(0, BH)
-        h_ok = h < NUM_HEADS + NUM_KV
+        lane = tl.arange(0, BH)
+        h = tl.program_id(1) * hpp + lane
+        h_ok = (h < NUM_HEADS + NUM_KV) & (lane < hpp)
         is_q = h < NUM_HEADS
         pos = tl.load(pos_ptr + t)
         i = tl.arange(0, HALF_PAD)
@@ -169,7 +173,7 @@ if triton is not None:
         tl.store(base + i[None, :], o1, mask=qm)
         tl.store(base + HALF + i[None, :], o2, mask=qm)
         if NORM and 2 * HALF < D:
-            tl.store(base + d[None, :], xt, mask=is_q[:, None] & rest[None, :])
+            tl.store(base + d[None, :], xt, mask=(h_ok & is_q)[:, None] & rest[None, :])
         # KV heads: the rotated k and the v rows into the caches at the row's slot (negative:
         # the KV already lives in a shared prefix block). Broadcast the slot before comparing:
         # the interpreter rejects a scalar bool in a mask.
@@ -272,10 +276,12 @@ def rotary_qkv_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.
     if T:
         half = rot // 2
         norm = q_norm is not None
-        bh = min(ROTARY_HEADS_PER_PROGRAM, _next_pow2(num_heads + num_kv_heads))
-        _rotary_qkv_store_kernel[(T, triton.cdiv(num_heads + num_kv_heads, bh))](
+        heads = num_heads + num_kv_heads
+        bh = min(ROTARY_HEADS_PER_PROGRAM, _next_pow2(heads))
+        hpp = 1 if T * heads <= ROTARY_ONE_HEAD_MAX_PROGRAMS else bh
+        _rotary_qkv_store_kernel[(T, triton.cdiv(heads, hpp))](
             qkv, positions, cos_sin, slot_mapping, k_cache, v_cache, q_norm if norm else qkv, k_norm if norm else qkv,
             qkv.stride(0), cos_sin.stride(0), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
-            v_cache.stride(1), float(eps), NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=head_dim,
+            v_cache.stride(1), float(eps), hpp, NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=head_dim,
             D_PAD=_next_pow2(head_dim), HALF=half, HALF_PAD=_next_pow2(half), NORM=norm, BH=bh, num_warps=2)
     return q

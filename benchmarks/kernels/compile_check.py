@@ -146,7 +146,7 @@ def main():
             qkv_ptr=bf16, pos_ptr=torch.int64, cs_ptr=f32, slot_ptr=torch.int64, k_cache_ptr=bf16,
             v_cache_ptr=bf16, stride_t=6144, stride_cs=128, stride_kc=1024, stride_kh=128, stride_vc=1024,
             stride_vh=128,
-            qn_ptr=bf16, kn_ptr=bf16, eps=1e-6,
+            qn_ptr=bf16, kn_ptr=bf16, eps=1e-6, hpp=8,
             NUM_HEADS=("c", 32), NUM_KV=("c", 8), D=("c", 128), D_PAD=("c", 128), HALF=("c", 64),
             HALF_PAD=("c", 64), NORM=("c", True), BH=("c", 8))),
         ("shift entries", shift_kernels._shift_entries_kernel, dict(

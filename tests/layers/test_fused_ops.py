@@ -99,7 +99,10 @@ ROPES = [({"rope_type": "default", "rope_theta": 10000.0}, 1.0),
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rope,partial", ROPES)
 @pytest.mark.parametrize("Hq,Hkv", [(4, 2), (14, 2)])   # one program's block of heads; two, the last part-filled
-def test_rotary_qkv_store_matches_llama(path, dtype, rope, partial, Hq, Hkv):
+@pytest.mark.parametrize("blocks", [False, True])      # a head per program / blocks of heads (many rows)
+def test_rotary_qkv_store_matches_llama(path, dtype, rope, partial, Hq, Hkv, blocks, monkeypatch):
+    if blocks:
+        monkeypatch.setattr(fused_ops, "ROTARY_ONE_HEAD_MAX_PROGRAMS", 0)
     T, D, max_pos = 6, 16, 64
     rotary = RotaryEmbedding(D, rope, max_pos, partial=partial)
     table = rotary.cos_sin_cache(max_pos, torch.device("cpu"))
@@ -138,7 +141,10 @@ def test_rotary_qkv_store_matches_llama(path, dtype, rope, partial, Hq, Hkv):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("partial", [1.0, 0.5])
 @pytest.mark.parametrize("Hq,Hkv", [(4, 2), (8, 3)])
-def test_rotary_qkv_store_with_head_norms_matches_qwen3(path, dtype, partial, Hq, Hkv):
+@pytest.mark.parametrize("blocks", [False, True])
+def test_rotary_qkv_store_with_head_norms_matches_qwen3(path, dtype, partial, Hq, Hkv, blocks, monkeypatch):
+    if blocks:
+        monkeypatch.setattr(fused_ops, "ROTARY_ONE_HEAD_MAX_PROGRAMS", 0)
     """q_norm / k_norm in the kernel: what Qwen3 (and GLM's use_qk_norm) does unfused: each q
     and k head RMS-normed (RMSNorm over head_dim), then rotary; v untouched by the norms."""
     T, D, max_pos, eps = 5, 16, 64, 1e-6
