@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from adaspec.layers.attention.torch_ref import torch_store_kv
 from adaspec.layers.rotary import apply_rotary
+from adaspec.layers import pdl
 
 if os.environ.get("ADASPEC_TRITON_INTERPRET") == "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when kernels are decorated (below)
@@ -94,7 +95,11 @@ if triton is not None:
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, stride_o,
-                         stride_ro, H, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                         stride_ro, H, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+                         USE_GDC: tl.constexpr = False):
+        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         c = tl.arange(0, BLOCK)
         ok = c < H
@@ -110,7 +115,11 @@ if triton is not None:
         tl.store(out_ptr + row * stride_o + c, (w * normed).to(out_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
-    def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr):
+    def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr,
+                             USE_GDC: tl.constexpr = False):
+        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = c < inter
@@ -125,7 +134,7 @@ if triton is not None:
                                  stride_t, stride_cs, stride_kc, stride_kh, stride_vc, stride_vh, eps, hpp,
                                  NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
                                  D_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-                                 NORM: tl.constexpr, BH: tl.constexpr):
+                                 NORM: tl.constexpr, BH: tl.constexpr, USE_GDC: tl.constexpr = False):
         """Program (t, block of `hpp` <= BH heads): heads h < NUM_HEADS are q heads (rotated in place),
         the next NUM_KV are KV heads (k rotated and stored, v stored; slot < 0 skips the store).
         NORM: q and k heads are RMS-normed first (weights qn / kn [D]; per head, its inverse RMS
@@ -134,6 +143,9 @@ if triton is not None:
         compiled variant serves every T): 1 for few rows (latency: a program per head), BH for
         many (a program per head was 36 one-warp programs a token, 23 us at 1,024 verify rows on
         the H200; 8 heads a program made it 10 us, and 1.6x slower at one row)."""
+        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         t = tl.program_id(0).to(tl.int64)
         lane = tl.arange(0, BH)
         h = tl.program_id(1) * hpp + lane
@@ -215,7 +227,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         BLOCK = _next_pow2(H)
         _rms_norm_kernel[(x2.shape[0],)](
             x2, r2, weight, out, res_out, x2.stride(0), r2.stride(0), out.stride(0), res_out.stride(0), H, eps,
-            HAS_RES=residual is not None, BLOCK=BLOCK, num_warps=min(max(BLOCK // 256, 1), 16))
+            HAS_RES=residual is not None, BLOCK=BLOCK, num_warps=min(max(BLOCK // 256, 1), 16), **pdl.launch_kw(x2))
     return out.view(x.shape), (res_out.view(x.shape) if residual is not None else x)
 
 
@@ -234,7 +246,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     BLOCK = min(1024, _next_pow2(inter))
     if x2.shape[0]:
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(inter, BLOCK))](
-            x2, out, x2.stride(0), out.stride(0), inter, BLOCK=BLOCK, num_warps=4)
+            x2, out, x2.stride(0), out.stride(0), inter, BLOCK=BLOCK, num_warps=4, **pdl.launch_kw(x2))
     return out.view(*x.shape[:-1], inter)
 
 
@@ -283,5 +295,6 @@ def rotary_qkv_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.
             qkv, positions, cos_sin, slot_mapping, k_cache, v_cache, q_norm if norm else qkv, k_norm if norm else qkv,
             qkv.stride(0), cos_sin.stride(0), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
             v_cache.stride(1), float(eps), hpp, NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=head_dim,
-            D_PAD=_next_pow2(head_dim), HALF=half, HALF_PAD=_next_pow2(half), NORM=norm, BH=bh, num_warps=2)
+            D_PAD=_next_pow2(head_dim), HALF=half, HALF_PAD=_next_pow2(half), NORM=norm, BH=bh, num_warps=2,
+            **pdl.launch_kw(qkv))
     return q

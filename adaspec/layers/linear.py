@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from adaspec.layers.fused_ops import triton, use_triton
+from adaspec.layers import pdl
 
 # Measured on the H200 (benchmarks/kernels/gemv_sweep.py, session 6 call 3), default launch against
 # cuBLAS, one row: 5.1 / 6.4 us (Qwen3-30B-A3B qkv), 4.3 / 7.3 (its o_proj), 2.4 / 4.9 (its router),
@@ -35,7 +36,11 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["M"])
     def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_o,
-                     HAS_BIAS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NS: tl.constexpr):
+                     HAS_BIAS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NS: tl.constexpr,
+                     USE_GDC: tl.constexpr = False):
+        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         m = tl.program_id(0).to(tl.int64)
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         n_ok = n < N
@@ -73,7 +78,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     _gemv_kernel[(M, triton.cdiv(N, bn))](
         x, weight, bias if bias is not None else weight, out, M, N, K, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BN=bn, BK=bk, NS=stages, num_warps=warps, num_stages=stages)
+        HAS_BIAS=bias is not None, BN=bn, BK=bk, NS=stages, num_warps=warps, num_stages=stages,
+        **pdl.launch_kw(x))
     return out
 
 

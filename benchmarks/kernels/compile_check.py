@@ -33,10 +33,12 @@ _PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16",
 
 def compile_kernel(kernel, target, args: dict, num_warps=4, num_stages=2):
     """args: every parameter of `kernel` by name: a dtype (pointer), int, float, or
-    ("constexpr", value)."""
+    ("constexpr", value); a constexpr left out takes its default (USE_GDC: on, as the GPU
+    launches them, layers/pdl.py)."""
     sig, consts, attrs = {}, {}, {}
+    defaults = {p.name: p.default for p in kernel.params if p.has_default}
     for i, name in enumerate(kernel.arg_names):
-        a = args[name]
+        a = args.get(name, ("c", True) if name == "USE_GDC" else ("c", defaults.get(name)))
         if isinstance(a, tuple):
             sig[name], consts[name] = "constexpr", a[1]
         elif isinstance(a, torch.dtype):
@@ -139,7 +141,7 @@ def main():
             stride_vct=128, stride_vch=128, HKV=("c", 8), HKV_PAD=("c", 8), D=("c", 128), D_PAD=("c", 128))),
         ("rms_norm bf16 H=4096 residual", fused_ops._rms_norm_kernel, dict(
             x_ptr=bf16, res_ptr=bf16, w_ptr=bf16, out_ptr=bf16, res_out_ptr=bf16, stride_x=4096, stride_r=4096,
-            stride_o=4096, stride_ro=4096, H=4096, eps=1e-5, HAS_RES=("c", True), BLOCK=("c", 4096))),
+            stride_o=4096, stride_ro=4096, H=4096, eps=1e-5, HAS_RES=("c", True), BLOCK=("c", 4096), USE_GDC=("c", True))),
         ("silu_and_mul bf16", fused_ops._silu_and_mul_kernel, dict(
             x_ptr=bf16, out_ptr=bf16, stride_x=28672, stride_o=14336, inter=14336, BLOCK=("c", 1024))),
         ("rotary_qkv_store bf16 32/8x128", fused_ops._rotary_qkv_store_kernel, dict(
@@ -148,7 +150,7 @@ def main():
             stride_vh=128,
             qn_ptr=bf16, kn_ptr=bf16, eps=1e-6, hpp=8,
             NUM_HEADS=("c", 32), NUM_KV=("c", 8), D=("c", 128), D_PAD=("c", 128), HALF=("c", 64),
-            HALF_PAD=("c", 64), NORM=("c", True), BH=("c", 8))),
+            HALF_PAD=("c", 64), NORM=("c", True), BH=("c", 8), USE_GDC=("c", True))),
         ("shift entries", shift_kernels._shift_entries_kernel, dict(
             v64_ptr=torch.int64, v32_ptr=torch.int32, e64_ptr=torch.int64, n64=7, e32_ptr=torch.int64, n32=7,
             last_count_ptr=torch.int64, BLOCK=("c", 256))),

@@ -30,6 +30,7 @@ import triton.language as tl
 
 from adaspec.layers.attention import launch_table
 from adaspec.layers.attention.meta import AttnMeta
+from adaspec.layers import pdl
 
 # A tile of rows narrower than 16 cannot feed tl.dot; larger ones stay within the register
 # budget of 4 warps at head_dim 128.
@@ -107,7 +108,11 @@ def _paged_attn_kernel(
     BLOCK_SIZE: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
+    USE_GDC: tl.constexpr = False,
 ):
+    if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -202,9 +207,13 @@ def _split_reduce_kernel(
     stride_ot, stride_oh, num_rows, num_q_heads, num_splits,
     G: tl.constexpr, GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     D: tl.constexpr, D_PAD: tl.constexpr,
+    USE_GDC: tl.constexpr = False,
 ):
     """Merge the split partials of the rows one attention program owns (same tiling, so rows
     outside the launch plan stay untouched here too)."""
+    if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.load(prog_req_ptr + pid)
@@ -307,13 +316,13 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         D=D, D_PAD=D_PAD, HAS_WINDOW=window is not None, SPLIT=split,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_F32=_INTERPRET and q.dtype != torch.float32,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_kw(q),
     )
     if split:
         _split_reduce_kernel[(P, Hkv)](
             out, ws_acc, ws_ml, meta.query_start, meta.prog_req, meta.prog_q0,
             out.stride(0), out.stride(1), T, Hq, num_splits,
-            G=G, GP=GP, BLOCK_Q=block_q, BLOCK_M=BLOCK_M, D=D, D_PAD=D_PAD, num_warps=num_warps,
+            G=G, GP=GP, BLOCK_Q=block_q, BLOCK_M=BLOCK_M, D=D, D_PAD=D_PAD, num_warps=num_warps, **pdl.launch_kw(q),
         )
     return out
 

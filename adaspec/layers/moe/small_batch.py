@@ -21,13 +21,18 @@ from __future__ import annotations
 import torch
 
 from adaspec.layers.fused_ops import _next_pow2, triton
+from adaspec.layers import pdl
 
 if triton is not None:
     import triton.language as tl
 
     @triton.jit
     def _gate_up_pairs_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, H, I, stride_x, stride_we, stride_wn, stride_o,
-                              TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NS: tl.constexpr):
+                              TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NS: tl.constexpr,
+                              USE_GDC: tl.constexpr = False):
+        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         pair = tl.program_id(0).to(tl.int64)
         e = tl.load(ids_ptr + pair).to(tl.int64)
         tok = pair // TOPK
@@ -54,7 +59,10 @@ if triton is not None:
     @triton.jit
     def _down_sum_kernel(a_ptr, w_ptr, out_ptr, topw_ptr, ids_ptr, H, I, stride_a, stride_we, stride_wn, stride_o,
                          TOPK: tl.constexpr, KP: tl.constexpr, ROUND_W: tl.constexpr,
-                         BN: tl.constexpr, BK: tl.constexpr, NS: tl.constexpr):
+                         BN: tl.constexpr, BK: tl.constexpr, NS: tl.constexpr, USE_GDC: tl.constexpr = False):
+        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         tok = tl.program_id(0).to(tl.int64)
         j = tl.arange(0, KP)                  # the token's slots (KP: TOPK padded to a power of 2)
         j_ok = j < TOPK
@@ -95,10 +103,10 @@ def experts_small(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     ns, nw = cfg.get("num_stages", 3), cfg.get("num_warps", 4)
     _gate_up_pairs_kernel[(N, triton.cdiv(I, cfg["BLOCK_N"]))](
         x, w13, inter, ids, H, I, x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
-        TOPK=k, BN=cfg["BLOCK_N"], BK=cfg["BLOCK_K"], NS=ns, num_warps=nw, num_stages=ns)
+        TOPK=k, BN=cfg["BLOCK_N"], BK=cfg["BLOCK_K"], NS=ns, num_warps=nw, num_stages=ns, **pdl.launch_kw(x))
     out = torch.empty(T, H, dtype=x.dtype, device=x.device)
     _down_sum_kernel[(T, triton.cdiv(H, cfg["DOWN_BLOCK_N"]))](
         inter, w2, out, weights, ids, H, I, inter.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
         TOPK=k, KP=_next_pow2(k), ROUND_W=round_weights, BN=cfg["DOWN_BLOCK_N"], BK=cfg["DOWN_BLOCK_K"],
-        NS=ns, num_warps=nw, num_stages=ns)
+        NS=ns, num_warps=nw, num_stages=ns, **pdl.launch_kw(x))
     return out

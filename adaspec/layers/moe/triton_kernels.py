@@ -42,6 +42,7 @@ import torch
 from adaspec.layers.fused_ops import _next_pow2, triton
 from adaspec.layers.moe.align import ONE_PROGRAM_MAX_PAIRS, align
 from adaspec.layers.moe.small_batch import experts_small
+from adaspec.layers import pdl
 
 if triton is not None:
     import triton.language as tl
@@ -229,9 +230,12 @@ if triton is not None:
 
     @triton.jit
     def _softmax_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, K: tl.constexpr, K_PAD: tl.constexpr,
-                             E_PAD: tl.constexpr, RENORM: tl.constexpr):
+                             E_PAD: tl.constexpr, RENORM: tl.constexpr, USE_GDC: tl.constexpr = False):
         """One token per program: softmax over E logits, top-K by repeated argmax (lowest id
         first among ties), optional renormalisation; weights fp32, ids int64."""
+        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         e = tl.arange(0, E_PAD)
         x = tl.load(logits_ptr + row * stride_l + e, mask=e < E, other=float("-inf")).to(tl.float32)
@@ -262,7 +266,8 @@ def softmax_topk_triton(logits: torch.Tensor, top_k: int, renormalize: bool) -> 
         if logits.stride(1) != 1:
             logits = logits.contiguous()
         _softmax_topk_kernel[(T,)](logits, w, ids, E, logits.stride(0), K=top_k, K_PAD=max(_next_pow2(top_k), 2),
-                                   E_PAD=max(_next_pow2(E), 16), RENORM=renormalize, num_warps=1 if E <= 256 else 4)
+                                   E_PAD=max(_next_pow2(E), 16), RENORM=renormalize, num_warps=1 if E <= 256 else 4,
+                                   **pdl.launch_kw(logits))
     return w, ids
 
 
