@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from adaspec.config import SpecConfig
+from adaspec.spec_decode.cost_table import CostTable
 from adaspec.spec_decode.tree import DraftShape
 
 logger = logging.getLogger("adaspec.spec_decode")
@@ -152,7 +153,7 @@ class AutoPolicy(SpeculationPolicy):
         self.rates: list[float | None] = [None] * self.max_depth  # r_i, None = never measured
         self.evidence = [0] * self.max_depth                       # drafted tokens behind each r_i
         self.prior_rate = prior_rate
-        self.times: dict[tuple[int, int], float] = {}             # (depth, bucket) -> seconds
+        self.times = CostTable()                                  # (depth, bucket) -> seconds
         self.samples: dict[tuple[int, int], deque] = {}           # the recent step times behind each
         self.profiled: set[tuple[int, int]] = set()   # entries still the start-up profile's (see warm_up)
         self.window = window
@@ -166,14 +167,18 @@ class AutoPolicy(SpeculationPolicy):
         self.profiled_token_time: float | None = None
         self.catchup_tokens = 0
         self.resuming = 0   # steps left of a probe from off still catching up (see decide)
+        self._buckets: dict[int, int] = {}   # batch size -> bucket index (`bucket`)
 
     # ---- estimates ------------------------------------------------------------------------
     def bucket(self, b: int) -> int:
-        return min(range(len(self.BUCKETS)), key=lambda i: abs(self.BUCKETS[i] - b))
+        i = self._buckets.get(b)
+        if i is None:
+            i = self._buckets[b] = min(range(len(self.BUCKETS)), key=lambda i: abs(self.BUCKETS[i] - b))
+        return i
 
     def step_time(self, b: int, depth: int) -> float | None:
         """Estimated seconds of a step of b requests at depth d (None: no data at all)."""
-        pts = sorted((self.BUCKETS[k], t) for (d, k), t in self.times.items() if d == depth)
+        pts = self.times.points(depth, self.BUCKETS)
         if not pts:
             return None
         if len(pts) == 1:
@@ -198,8 +203,10 @@ class AutoPolicy(SpeculationPolicy):
             out.append(last)
         return out
 
-    def tau(self, depth: int) -> float:
-        return 1.0 + sum(self.rate_estimates()[:depth])
+    def tau(self, depth: int, rates: list[float] | None = None) -> float:
+        """Expected tokens a step at `depth` emits per request (`rates`: rate_estimates(), when
+        the caller has them already)."""
+        return 1.0 + sum((rates if rates is not None else self.rate_estimates())[:depth])
 
     @property
     def token_time(self) -> float:
@@ -223,6 +230,7 @@ class AutoPolicy(SpeculationPolicy):
     def goodputs(self, b: int) -> dict[int, float]:
         out, floor = {}, 0.0
         owed = self.resume_cost()
+        rates = self.rate_estimates()   # once per decision (a decision is host time of every step)
         for d in range(self.max_depth + 1):
             t = self.step_time(b, d)
             if t is not None and d > 0:
@@ -231,7 +239,7 @@ class AutoPolicy(SpeculationPolicy):
                 # Deeper drafts do strictly more work: never believe a noisy table that says
                 # they are cheaper than a shallower one.
                 floor = max(floor, t)
-                out[d] = b * self.tau(d) / floor
+                out[d] = b * self.tau(d, rates) / floor
         return out
 
     # ---- decision -------------------------------------------------------------------------
@@ -305,8 +313,10 @@ class AutoPolicy(SpeculationPolicy):
         t1 += self.resume_cost()   # (owed by every depth > 0; 0 once speculating)
         if depth:
             t0 += self.resume_cost()
-        reach = self.rate_estimates()[depth - 1] if depth else 1.0   # chance of reaching it
-        return (self.tau(depth) + reach * (deeper - depth)) / t1 > self.tau(depth) / t0
+        rates = self.rate_estimates()
+        reach = rates[depth - 1] if depth else 1.0   # chance of reaching it
+        tau = self.tau(depth, rates)
+        return (tau + reach * (deeper - depth)) / t1 > tau / t0
 
     def observe(self, fb: StepFeedback) -> None:
         depth = len(fb.drafted_per_position)

@@ -1,0 +1,52 @@
+"""The `auto` policy's cost table (spec_decode/policy.py: AutoPolicy.times)."""
+from __future__ import annotations
+
+
+class CostTable(dict):
+    """AutoPolicy's cost table, (depth, batch bucket) -> seconds, which keeps each depth's
+    points sorted by batch size for `step_time` (called for every depth of every decision)
+    until an entry changes."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._points: dict[int, list] | None = None
+
+    def __setitem__(self, key, value):
+        if self.get(key) != value:
+            super().__setitem__(key, value)
+            self._points = None
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self._points = None
+
+    def pop(self, *a):
+        self._points = None
+        return super().pop(*a)
+
+    def clear(self):
+        super().clear()
+        self._points = None
+
+    def update(self, *a, **kw):
+        super().update(*a, **kw)
+        self._points = None
+
+    def setdefault(self, key, default=None):
+        self._points = None
+        return super().setdefault(key, default)
+
+    def popitem(self):
+        self._points = None
+        return super().popitem()
+
+    def points(self, depth: int, buckets: tuple) -> list[tuple[int, float]]:
+        """[(batch size, seconds)] of `depth`, ascending."""
+        if self._points is None:
+            pts: dict[int, list] = {}
+            for (d, k), t in self.items():
+                pts.setdefault(d, []).append((buckets[k], t))
+            for v in pts.values():
+                v.sort()
+            self._points = pts
+        return self._points.get(depth, [])
