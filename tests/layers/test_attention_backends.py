@@ -522,8 +522,9 @@ def test_triton_on_gpu_matches_reference(dtype):
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 @pytest.mark.parametrize("n", [1, 16])
 def test_measured_launch_matches_reference(n, tmp_path, monkeypatch):
-    """(layers/attention/launch_table.py) The kernel run with the table's launch (block_q, key block, split-KV) gives the torch
-    reference's output; and it did take the table's launch (the recorded kernel arguments)."""
+    """(layers/attention/launch_table.py) The kernel run with the table's launch (block_q, key
+    block, split-KV) gives the torch reference's output in bf16, and took that launch (the
+    recorded kernel arguments); fp32 inputs take the heuristics' launch."""
     if torch.cuda.is_available():
         pytest.skip("runs the interpreter on CPU; the GPU tests cover the device")
     from adaspec.layers.attention import launch_table
@@ -549,11 +550,14 @@ def test_measured_launch_matches_reference(n, tmp_path, monkeypatch):
     monkeypatch.setattr(tk, "_paged_attn_kernel", Spy())
     reqs = [Req(prefix=40 + 7 * i, q_len=1) for i in range(n)]
     bq = tk.choose_block_q(1, 8, n)
-    b = make_batch(reqs, 8, 1, 16, 16, block_q=bq)
+    b = make_batch(reqs, 8, 1, 16, 16, dtype=torch.bfloat16, block_q=bq)
     b.meta.max_ctx_len = 64 * 8
-    check("triton", b)
+    check("triton", b, dtype=torch.bfloat16)
     want = launch_table.lookup(8, 16, 1, n)
-    launch_table._table.cache_clear()
     grid, bn, got_bq = launches[-1]
     assert (bn, got_bq, grid[2]) == (want["block_n"], want["block_q"], want["num_splits"])
     assert want["block_n"] == (16 if n == 1 else 32)
+    # fp32 inputs keep the heuristics' launch (the table is measured in bf16)
+    check("triton", make_batch(reqs, 8, 1, 16, 16, block_q=bq))
+    assert launches[-1][1] == tk.launch_config(max(tk.MIN_BLOCK_M, bq * 8), 16)[0]
+    launch_table._table.cache_clear()

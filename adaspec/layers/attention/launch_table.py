@@ -9,7 +9,8 @@ and per measured batch size, the fastest launch the sweep found:
 
 `lookup` returns the entry for the measured batch nearest (in log scale) to the asked one and
 the smallest measured query length that covers it; None where the table has nothing for the
-layout (the heuristics in triton_kernels.py apply). The table only chooses among launches that
+layout (the heuristics in triton_kernels.py apply). The sweep measures bf16; the kernel takes the
+key block, warps, stages and splits for 2-byte inputs only. The table only chooses among launches that
 are all correct: block_q (rows per program), key block, warps, stages and the split-KV factor
 change the time and, within bf16 rounding of the split merge, nothing else.
 """

@@ -288,9 +288,10 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     BLOCK_M = max(MIN_BLOCK_M, block_q * GP)
     D_PAD = max(16, _next_pow2(D))
     dn, dw, ds = launch_config(BLOCK_M, D_PAD)
-    measured = launch_table.lookup(G, D, meta.max_q_len, meta.num_reqs)
+    # The sweep's launch for this tile (the plan's block_q came from the same entry), for the
+    # 2-byte inputs it was measured with: fp32 tiles of its key blocks can exceed shared memory.
+    measured = launch_table.lookup(G, D, meta.max_q_len, meta.num_reqs) if q.element_size() == 2 else None
     if measured is not None and choose_block_q(meta.max_q_len, G, meta.num_reqs) == block_q:
-        # The sweep's launch for this tile (the plan's block_q came from the same entry).
         dn, dw, ds = measured["block_n"], measured["num_warps"], measured["num_stages"]
         if num_splits is None:
             num_splits = max(1, min(measured["num_splits"], meta.max_ctx_len // 128))
