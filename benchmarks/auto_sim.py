@@ -1,0 +1,103 @@
+"""The `auto` policy against the best fixed draft length, in simulation (CPU, seconds): the real
+AutoPolicy fed step costs and acceptance drawn from given figures, as the engine feeds it.
+
+    python3 benchmarks/auto_sim.py --costs 0.70,1.50,1.55,1.58,1.60 --cond 0.693,0.755,0.612,0.787 \
+        --seeds 40 --steps 1200 --out auto_sim.json
+
+`--costs` are ms per step at draft lengths 0..K (batch `--batch`); `--cond` the chance that
+draft position j is accepted when position j - 1 was (a chain). Each simulated step costs its
+length's figure times U(1 - noise, 1 + noise) and emits 1 + the accepted drafts (per request);
+the start-up profile is seeded with the exact costs, as `auto`'s profile seeds it. Printed and
+written: tokens per ms of `auto` per seed over the expected tokens per ms of the best fixed
+length (same noise model, so 1.0 is reachable), its mean and worst seed, and how its steps were
+spread over the lengths. `--ema` / `--probe-every` / `--thin` vary the policy's parameters.
+The figures of session 9's demo pair: `results/h200/session9_2026-12-03/` (call 4, server log).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+from collections import Counter
+
+from adaspec.config import SpecConfig
+from adaspec.spec_decode.policy import AutoPolicy, StepFeedback
+
+
+def expected_rate(costs: list[float], cond: list[float], b: int, noise: float) -> dict[int, float]:
+    """Expected tokens per second of each fixed draft length (mean step cost under the noise)."""
+    return {d: b * (1 + sum(math.prod(cond[: j + 1]) for j in range(d))) / costs[d] for d in range(len(costs))}
+
+
+def simulate(costs: list[float], cond: list[float], b: int, steps: int, seed: int, noise: float, **policy) -> dict:
+    thin = policy.pop("thin", None)
+    pol = AutoPolicy(SpecConfig(draft="sim", num_steps=len(costs) - 1), **policy)
+    if thin is not None:
+        pol.THIN_EVIDENCE = thin
+    for d, t in enumerate(costs):   # the start-up profile's figures
+        key = (d, pol.bucket(b))
+        pol._sample(key, t)
+        pol.profiled.add(key)
+    rng = random.Random(seed)
+    tokens, seconds, depths = 0, 0.0, Counter()
+    for _ in range(steps):
+        shape = pol.decide(b, 0)
+        d = 0 if shape is None else shape.num_steps
+        accepted = [0] * d
+        for _r in range(b):
+            k = 0
+            while k < d and rng.random() < cond[k]:
+                k += 1
+            for j in range(k):
+                accepted[j] += 1
+            tokens += k + 1
+        t = costs[d] * rng.uniform(1 - noise, 1 + noise)
+        seconds += t
+        depths[d] += 1
+        pol.observe(StepFeedback(batch_size=b, num_tokens=b * (d + 1), draft_len=d, step_time=t,
+                                 accepted_per_position=tuple(accepted), drafted_per_position=(b,) * d))
+    return {"tok_per_s": tokens / seconds, "depths": dict(sorted(depths.items()))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--costs", required=True, help="ms per step at draft lengths 0..K")
+    ap.add_argument("--cond", required=True, help="conditional acceptance of draft positions 1..K")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--seeds", type=int, default=40)
+    ap.add_argument("--noise", type=float, default=0.05, help="step costs vary by +- this fraction")
+    ap.add_argument("--ema", type=float, default=None)
+    ap.add_argument("--probe-every", type=int, default=None)
+    ap.add_argument("--thin", type=int, default=None, help="AutoPolicy.THIN_EVIDENCE")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    costs = [float(x) / 1e3 for x in a.costs.split(",")]
+    cond = [float(x) for x in a.cond.split(",")]
+    if len(cond) != len(costs) - 1:
+        raise SystemExit(f"--cond needs {len(costs) - 1} rates (one per draft position), got {len(cond)}")
+    policy = {k: v for k, v in (("ema", a.ema), ("probe_every", a.probe_every), ("thin", a.thin)) if v is not None}
+    fixed = expected_rate(costs, cond, a.batch, a.noise)
+    best_d = max(fixed, key=fixed.get)
+    runs = [simulate(costs, cond, a.batch, a.steps, s, a.noise, **dict(policy)) for s in range(a.seeds)]
+    ratios = [r["tok_per_s"] / fixed[best_d] for r in runs]
+    spread = Counter()
+    for r in runs:
+        spread.update(r["depths"])
+    res = {"costs_ms": [c * 1e3 for c in costs], "cond": cond, "batch": a.batch, "steps": a.steps, "seeds": a.seeds,
+           "noise": a.noise, "policy": policy, "fixed_tok_per_ms": {d: v / 1e3 for d, v in fixed.items()},
+           "best_fixed": best_d, "auto_over_best": ratios, "mean": statistics.mean(ratios), "worst": min(ratios),
+           "steps_by_length": dict(sorted(spread.items()))}
+    print(f"best fixed: length {best_d} ({fixed[best_d] / 1e3:.3f} tok/ms; off {fixed[0] / 1e3:.3f})")
+    print(f"auto / best fixed over {a.seeds} seeds: mean {res['mean']:.3f}, worst {res['worst']:.3f}; "
+          f"steps by length {res['steps_by_length']}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
