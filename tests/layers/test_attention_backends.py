@@ -535,7 +535,7 @@ def test_measured_launch_matches_reference(n, tmp_path, monkeypatch):
     launch_table.merge_entry(t, 8, 16, 1, 64, dict(block_q=1, block_n=32, num_warps=2, num_stages=3, num_splits=1))
     (tmp_path / "t.json").write_text(json.dumps(t))
     monkeypatch.setattr(launch_table, "TABLE_FILE", tmp_path / "t.json")
-    launch_table._table.cache_clear()
+    launch_table.clear_cache()
 
     launches = []
     real = tk._paged_attn_kernel
@@ -560,4 +560,4 @@ def test_measured_launch_matches_reference(n, tmp_path, monkeypatch):
     # fp32 inputs keep the heuristics' launch (the table is measured in bf16)
     check("triton", make_batch(reqs, 8, 1, 16, 16, block_q=bq))
     assert launches[-1][1] == tk.launch_config(max(tk.MIN_BLOCK_M, bq * 8), 16)[0]
-    launch_table._table.cache_clear()
+    launch_table.clear_cache()

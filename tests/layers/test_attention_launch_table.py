@@ -28,9 +28,9 @@ def table(tmp_path, monkeypatch):
     path = tmp_path / "attention_configs.json"
     path.write_text(json.dumps(t))
     monkeypatch.setattr(launch_table, "TABLE_FILE", path)
-    launch_table._table.cache_clear()
+    launch_table.clear_cache()
     yield t
-    launch_table._table.cache_clear()
+    launch_table.clear_cache()
 
 
 def test_lookup_nearest_batch_and_covering_q(table):
@@ -50,9 +50,9 @@ def test_lookup_nearest_batch_and_covering_q(table):
 
 def test_missing_table_is_empty(tmp_path, monkeypatch):
     monkeypatch.setattr(launch_table, "TABLE_FILE", tmp_path / "none.json")
-    launch_table._table.cache_clear()
+    launch_table.clear_cache()
     assert launch_table.lookup(8, 128, 1, 1) is None and launch_table.entries(8, 128) == []
-    launch_table._table.cache_clear()
+    launch_table.clear_cache()
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")

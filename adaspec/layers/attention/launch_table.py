@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
 
 TABLE_FILE = Path(__file__).with_name("attention_configs.json")
 FIELDS = ("block_q", "block_n", "num_warps", "num_stages", "num_splits")
@@ -31,11 +33,24 @@ def _table(path: str) -> dict:
     return json.loads(p.read_text()) if p.exists() else {}
 
 
-def lookup(group: int, head_dim: int | None, max_q_len: int, num_reqs: int, path: Path | None = None) -> dict | None:
-    """The measured launch (a dict of FIELDS) for `num_reqs` requests of up to `max_q_len` query
-    rows, at `group` query heads per KV head and `head_dim` (None: the layout's only measured
-    head dim, for callers that know the group alone, e.g. choosing block_q); or None."""
-    table = _table(str(path or TABLE_FILE))
+def clear_cache() -> None:
+    """Forget the tables read and the lookups made (after a table file changed)."""
+    _table.cache_clear()
+    _lookup.cache_clear()
+
+
+def lookup(group: int, head_dim: int | None, max_q_len: int, num_reqs: int,
+           path: Path | None = None) -> Mapping[str, int] | None:
+    """The measured launch (a read-only mapping of FIELDS) for `num_reqs` requests of up to
+    `max_q_len` query rows, at `group` query heads per KV head and `head_dim` (None: the
+    layout's only measured head dim, for callers that know the group alone, e.g. choosing
+    block_q); or None. Memoized: every eager attention launch asks (twice, with its block_q)."""
+    return _lookup(group, head_dim, max_q_len, num_reqs, str(path or TABLE_FILE))
+
+
+@lru_cache(maxsize=4096)
+def _lookup(group: int, head_dim: int | None, max_q_len: int, num_reqs: int, path: str):
+    table = _table(path)
     if head_dim is None:
         keys = [k for k in table if k.startswith(f"G{group}_D")]
         layout = table[keys[0]] if len(keys) == 1 else None
@@ -50,7 +65,7 @@ def lookup(group: int, head_dim: int | None, max_q_len: int, num_reqs: int, path
     by_batch = layout[f"q{q}"]
     b = min((int(k) for k in by_batch), key=lambda v: (abs(math.log2(v) - math.log2(num_reqs)), v))
     entry = by_batch[str(b)]
-    return {f: int(entry[f]) for f in FIELDS}
+    return MappingProxyType({f: int(entry[f]) for f in FIELDS})
 
 
 def entries(group: int, head_dim: int, path: Path | None = None) -> list[dict]:
