@@ -92,14 +92,13 @@ def rotary_qkv_store_ref(qkv, positions, cos_sin, num_heads, num_kv_heads, head_
 # ----------------------------------------------------------------------------- kernels
 
 if triton is not None:
+    from adaspec.layers.pdl import gdc_enter
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, stride_o,
                          stride_ro, H, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
                          USE_GDC: tl.constexpr = False):
-        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        gdc_enter(USE_GDC)   # programmatic dependent launch (layers/pdl.py)
         row = tl.program_id(0).to(tl.int64)
         c = tl.arange(0, BLOCK)
         ok = c < H
@@ -117,9 +116,7 @@ if triton is not None:
     @triton.jit
     def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr,
                              USE_GDC: tl.constexpr = False):
-        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        gdc_enter(USE_GDC)   # programmatic dependent launch (layers/pdl.py)
         row = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = c < inter
@@ -143,9 +140,7 @@ if triton is not None:
         compiled variant serves every T): 1 for few rows (latency: a program per head), BH for
         many (a program per head was 36 one-warp programs a token, 23 us at 1,024 verify rows on
         the H200; 8 heads a program made it 10 us, and 1.6x slower at one row)."""
-        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        gdc_enter(USE_GDC)   # programmatic dependent launch (layers/pdl.py)
         t = tl.program_id(0).to(tl.int64)
         lane = tl.arange(0, BH)
         h = tl.program_id(1) * hpp + lane

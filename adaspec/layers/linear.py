@@ -34,13 +34,13 @@ LAUNCH = (8, 512, 4, 3)   # BN, BK, num_warps, num_stages
 if triton is not None:
     import triton.language as tl
 
+    from adaspec.layers.pdl import gdc_enter
+
     @triton.jit(do_not_specialize=["M"])
     def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_o,
                      HAS_BIAS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NS: tl.constexpr,
                      USE_GDC: tl.constexpr = False):
-        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        gdc_enter(USE_GDC)   # programmatic dependent launch (layers/pdl.py)
         m = tl.program_id(0).to(tl.int64)
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         n_ok = n < N

@@ -8,14 +8,8 @@ then at once lets the next kernel launch (`gdc_launch_dependents`). So a kernel 
 or writes memory before its predecessor is done, exactly as without PDL; what overlaps is the
 launch. CUDA graphs capture the dependency as a programmatic edge.
 
-Contract for a kernel taking part: a `USE_GDC: tl.constexpr = False` parameter, and as its
-first statements
-
-    if USE_GDC:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-
-and its launch splats `launch_kw(tensor)`. Kernels launched without PDL (cuBLAS, torch's) are
+Contract for a kernel taking part: a `USE_GDC: tl.constexpr = False` parameter, `gdc_enter(USE_GDC)`
+as its first statement, and its launch splats `launch_kw(tensor)`. Kernels launched without PDL (cuBLAS, torch's) are
 serialized as always; a PDL kernel after one of them waits for its completion the same way.
 ADASPEC_PDL=0 turns it off (the A/B of benchmarks/gpu_fast_path.py runs).
 """
@@ -46,6 +40,24 @@ def enabled(t: torch.Tensor) -> bool:
     if os.environ.get("TRITON_INTERPRET") == "1":
         return False
     return _supported(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+if os.environ.get("ADASPEC_TRITON_INTERPRET") == "1":   # as fused_ops: Triton reads it at decoration
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+try:
+    import triton
+    import triton.language as tl
+except ImportError:   # no Triton: nothing launches with PDL (`enabled` is False off CUDA)
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def gdc_enter(USE_GDC: tl.constexpr):
+        """A PDL kernel's first statement: wait for the previous kernel, then let the next launch."""
+        if USE_GDC:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
 
 
 def launch_kw(t: torch.Tensor) -> dict:

@@ -31,6 +31,7 @@ import triton.language as tl
 from adaspec.layers.attention import launch_table
 from adaspec.layers.attention.meta import AttnMeta
 from adaspec.layers import pdl
+from adaspec.layers.pdl import gdc_enter
 
 # A tile of rows narrower than 16 cannot feed tl.dot; larger ones stay within the register
 # budget of 4 warps at head_dim 128.
@@ -110,9 +111,7 @@ def _paged_attn_kernel(
     SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
     USE_GDC: tl.constexpr = False,
 ):
-    if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    gdc_enter(USE_GDC)   # programmatic dependent launch (layers/pdl.py)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -211,9 +210,7 @@ def _split_reduce_kernel(
 ):
     """Merge the split partials of the rows one attention program owns (same tiling, so rows
     outside the launch plan stay untouched here too)."""
-    if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    gdc_enter(USE_GDC)   # programmatic dependent launch (layers/pdl.py)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.load(prog_req_ptr + pid)

@@ -26,13 +26,13 @@ from adaspec.layers import pdl
 if triton is not None:
     import triton.language as tl
 
+    from adaspec.layers.pdl import gdc_enter
+
     @triton.jit
     def _gate_up_pairs_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, H, I, stride_x, stride_we, stride_wn, stride_o,
                               TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NS: tl.constexpr,
                               USE_GDC: tl.constexpr = False):
-        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        gdc_enter(USE_GDC)   # programmatic dependent launch (layers/pdl.py)
         pair = tl.program_id(0).to(tl.int64)
         e = tl.load(ids_ptr + pair).to(tl.int64)
         tok = pair // TOPK
@@ -60,9 +60,7 @@ if triton is not None:
     def _down_sum_kernel(a_ptr, w_ptr, out_ptr, topw_ptr, ids_ptr, H, I, stride_a, stride_we, stride_wn, stride_o,
                          TOPK: tl.constexpr, KP: tl.constexpr, ROUND_W: tl.constexpr,
                          BN: tl.constexpr, BK: tl.constexpr, NS: tl.constexpr, USE_GDC: tl.constexpr = False):
-        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        gdc_enter(USE_GDC)   # programmatic dependent launch (layers/pdl.py)
         tok = tl.program_id(0).to(tl.int64)
         j = tl.arange(0, KP)                  # the token's slots (KP: TOPK padded to a power of 2)
         j_ok = j < TOPK

@@ -47,6 +47,8 @@ from adaspec.layers import pdl
 if triton is not None:
     import triton.language as tl
 
+    from adaspec.layers.pdl import gdc_enter
+
 CONFIG_FILE = Path(__file__).with_name("moe_configs.json")
 # Used where the sweep wrote nothing: small blocks for decode (few rows per expert), larger for prefill.
 DEFAULT_CONFIGS = {
@@ -233,9 +235,7 @@ if triton is not None:
                              E_PAD: tl.constexpr, RENORM: tl.constexpr, USE_GDC: tl.constexpr = False):
         """One token per program: softmax over E logits, top-K by repeated argmax (lowest id
         first among ties), optional renormalisation; weights fp32, ids int64."""
-        if USE_GDC:   # programmatic dependent launch (layers/pdl.py): wait, then let the next launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        gdc_enter(USE_GDC)   # programmatic dependent launch (layers/pdl.py)
         row = tl.program_id(0).to(tl.int64)
         e = tl.arange(0, E_PAD)
         x = tl.load(logits_ptr + row * stride_l + e, mask=e < E, other=float("-inf")).to(tl.float32)
