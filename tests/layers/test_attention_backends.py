@@ -479,6 +479,35 @@ def test_warm_up_launches_every_variant(monkeypatch):
     assert torch.equal(k, k0) and torch.equal(v, v0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_warm_up_compiles_the_tables_launches_for_2_byte_dtypes(dtype, tmp_path, monkeypatch):
+    """The warm-up adds the measured table's launches of the layout where they apply (2-byte
+    inputs, triton_paged_attention), and only there."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("runs the interpreter on CPU; the GPU tests cover the device")
+    from adaspec.layers.attention import launch_table
+    from adaspec.layers.attention import triton_kernels as tk
+
+    t = launch_table.merge_entry({}, 4, 16, 1, 1, dict(block_q=1, block_n=16, num_warps=2, num_stages=2, num_splits=2))
+    (tmp_path / "t.json").write_text(json.dumps(t))
+    monkeypatch.setattr(launch_table, "TABLE_FILE", tmp_path / "t.json")
+    launch_table.clear_cache()
+    seen = []
+    real = tk.triton_paged_attention
+
+    def record(q, k, v, meta, scale, window=None, **kw):
+        seen.append((meta.block_q, kw["block_n"]))
+        return real(q, k, v, meta, scale, window, **kw)
+
+    monkeypatch.setattr(tk, "triton_paged_attention", record)
+    tk.warm_up(8, torch.zeros(64, 2, 16, dtype=dtype), torch.zeros(64, 2, 16, dtype=dtype),
+               torch.zeros(3, 4, dtype=torch.int32), 16, dtype, {None})
+    launch_table.clear_cache()
+    assert ((1, 16) in seen) == (dtype == torch.bfloat16)
+    assert (1, None) in seen
+
+
 def test_choose_num_splits():
     pytest.importorskip("triton")
     from adaspec.layers.attention.triton_kernels import choose_num_splits

@@ -336,7 +336,9 @@ def warm_up(num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
     dev = k_cache.device
     Hkv, D = k_cache.shape[1], k_cache.shape[2]
     G = num_heads // Hkv
-    cap = max([choose_block_q(1 << 20, G)] + [e["block_q"] for e in launch_table.entries(G, D)])
+    # The measured table's launches too, for the 2-byte dtypes it applies to (triton_paged_attention).
+    measured = launch_table.entries(G, D) if dtype.itemsize == 2 else []
+    cap = max([choose_block_q(1 << 20, G)] + [e["block_q"] for e in measured])
     i32 = functools.partial(torch.zeros, dtype=torch.int32, device=dev)
     launches = 0
     bq = 1
@@ -355,7 +357,7 @@ def warm_up(num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
             max_ctx_len=0)
         # The heuristics' launch, and every launch the measured table holds for this tile.
         variants = {(None, None, None)} | {(e["block_n"], e["num_warps"], e["num_stages"])
-                                           for e in launch_table.entries(G, D) if e["block_q"] == bq}
+                                           for e in measured if e["block_q"] == bq}
         for window in windows:
             for splits in (1, 2):
                 for bn, nw, ns in variants:
