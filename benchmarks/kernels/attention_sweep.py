@@ -46,6 +46,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     hq, hkv = (int(x) for x in a.heads.split(","))
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    if any(q not in BLOCK_Q for _, q in shapes):
+        raise SystemExit(f"--shapes: query lengths must be among {sorted(BLOCK_Q)} (the block_q candidates)")
     dev = torch.device("cuda")
     scale = D ** -0.5
     t0 = time.time()
