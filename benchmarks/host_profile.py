@@ -27,7 +27,8 @@ from gpu_fast_path import _HostClock, profile_steps   # (benchmarks/: the fast-p
 
 CONFIGS = {"off": {}, "chain1": dict(speculation="always", num_steps=1), "chain2": dict(speculation="always", num_steps=2),
            "chain3": dict(speculation="always", num_steps=3), "chain4": dict(speculation="always", num_steps=4),
-           "auto": dict(speculation="auto", num_steps=4)}
+           "auto": dict(speculation="auto", num_steps=4),
+           "tree": dict(speculation="always", num_steps=6, topk=4, num_draft_tokens=16)}
 
 
 def build(args, config: str) -> LLM:
@@ -41,7 +42,8 @@ def build(args, config: str) -> LLM:
         extra = dict(load_format="dummy", dtype="bfloat16", spec_simulate_accept_rate=0.8 if kw else None)
     if kw:
         extra["draft"] = draft
-    return LLM(target, device="cuda" if torch.cuda.is_available() else "cpu", topk=1, max_num_seqs=max(8, args.batch),
+    kw.setdefault("topk", 1)
+    return LLM(target, device="cuda" if torch.cuda.is_available() else "cpu", max_num_seqs=max(8, args.batch),
                kv_cache_memory=8 * 2**30, **kw, **extra)
 
 

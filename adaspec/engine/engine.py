@@ -382,4 +382,5 @@ class Engine:
             "cuda_graph_capture_s": round(self.runner.graphs.capture_seconds, 2) if self.runner.graphs else 0.0,
             "cuda_graph_memory_bytes": self.runner.graphs.memory_bytes if self.runner.graphs else 0,
             "num_stalled_steps": self.num_stalled_steps,
+            "launches": dict(sorted(self.runner.launch_counts.items())),
         }

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,7 +54,7 @@ from adaspec.engine.kernel_warm_up import warm_up_kernels
 from adaspec.engine.kv_memory import kv_bytes_per_block, num_kv_blocks
 from adaspec.engine.penalty_step import attach_logprobs, attach_prompt_logprobs, prompt_logprob_rows, \
     prompt_logprobs
-from adaspec.engine.step_program import ProgramCodec, StepProgram, phase
+from adaspec.engine.step_program import ProgramCodec, StepProgram, count_launches, phase
 from adaspec.engine.verify_step import PostForward, read_out_rows, stage_verify, verify_inputs
 from adaspec.layers.attention import ForwardContext, forward_context, get_backend
 from adaspec.models.loader import load_model
@@ -128,6 +129,7 @@ class ModelRunner:
         self.last_wait = 0.0   # seconds `collect` was blocked on the device (engine.step_clock)
         self.prev_speculative = False   # the last launched step verified drafts
         self.grammar_masks: GrammarMasks | None = None
+        self.launch_counts: Counter = Counter()   # step_program.count_launches
 
     def _load_target(self, shard: Shard | None) -> None:
         cfg = self.cfg
@@ -383,6 +385,7 @@ class ModelRunner:
                                  self.max_draft) if lay.tree and lay.drafting else None
         shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh]
         stg.commit()
+        count_launches(self.launch_counts, graph, post if lay.verify else False, chain, trees)
         plp = prompt_logprob_rows(plan, lay)
         prompt_lp = (plp, max(sched[i].req.params.prompt_logprobs for i, _, _, _ in plp)) if plp else None
         return lay, StepProgram(meta, ids_d, pos_d, graph, post, vb, bool(lay.verify), upd_d, fill, chain, trees,

@@ -121,3 +121,15 @@ class ProgramCodec:
             t = self.views[pid] = torch.empty(0, dtype=dtype, device=b.device).set_(
                 b.untyped_storage(), offset, shape, stride)
         return t
+
+
+def count_launches(counts, graph, post, chain, trees) -> None:
+    """Record how a launched step's parts run, as "<part>_graph" or "<part>_eager" counts in
+    `counts` (Engine.stats "launches"): the target forward, the post-forward (`post` False:
+    the step verifies nothing), chain drafts and trees (None: the step has none)."""
+    counts["target_graph" if graph is not None else "target_eager"] += 1
+    if post is not False:
+        counts["post_graph" if post is not None else "post_eager"] += 1
+    for name, part in (("chain", chain), ("tree", trees)):
+        if part is not None:
+            counts[f"{name}_graph" if part.graph is not None else f"{name}_eager"] += 1

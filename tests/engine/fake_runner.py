@@ -39,6 +39,7 @@ class FakeRunner:
         self.last_wait = 0.0
         self.inflight = None
         self.launches = 0
+        self.launch_counts = {}
 
     def setup(self, max_model_len: int) -> None:
         pass
