@@ -34,6 +34,7 @@ CONFIGS = {
     "tree": dict(speculation="always", **TREE),
     "tree-s4": dict(speculation="always", num_steps=4, topk=4, num_draft_tokens=16),
     "auto": dict(speculation="auto", num_steps=4),
+    "auto6": dict(speculation="auto", num_steps=6),
     "auto-tree": dict(speculation="auto", **TREE),
 }
 HELDOUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "demo_heldout.jsonl"

@@ -29,7 +29,8 @@ from adaspec.engine.detokenizer import Detokenizer
 from adaspec.engine.kv_cache import KVCacheManager
 from adaspec.engine.request import Request, RequestOutput, SpecStats
 from adaspec.engine.runner import ModelRunner
-from adaspec.engine.scheduler import Scheduler, StepPlan, StepResult
+from adaspec.engine.scheduler import Scheduler
+from adaspec.engine.step_plan import StepPlan, StepResult
 from adaspec.engine.step_clock import StepClock
 from adaspec.models.registry import generation_defaults
 from adaspec.sampling import SamplingParams, random_seed

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from adaspec.engine.request import Request, Status
-from adaspec.engine.scheduler import ScheduledRequest, StepPlan
+from adaspec.engine.step_plan import ScheduledRequest, StepPlan
 from adaspec.sampling import SamplingParams
 from adaspec.spec_decode.tree import DraftShape
 

@@ -48,7 +48,7 @@ from adaspec.engine.device_rows import DeviceRows
 from adaspec.engine.draft_refresh import DraftRefresh, refresh_entries, stage_refresh_meta
 from adaspec.engine.draft_step import ChainDrafter, TreeStep
 from adaspec.engine.grammar_step import GrammarMasks, grammar_available, grammar_step
-from adaspec.engine.scheduler import StepPlan, StepResult
+from adaspec.engine.step_plan import StepPlan, StepResult
 from adaspec.engine.step_layout import StepLayout, forward_inputs, layout_step, shifted_rows, stage_forward_inputs
 from adaspec.engine.kernel_warm_up import warm_up_kernels
 from adaspec.engine.kv_memory import kv_bytes_per_block, num_kv_blocks

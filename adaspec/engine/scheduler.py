@@ -13,8 +13,13 @@
 and rolls back the slots of rejected draft tokens.
 
 Speculation off at zero cost, and the catch-up. A request's draft KV covers its pairs
-0..draft_valid_len-1. A step refreshes it (`ScheduledRequest.refresh`) only when the request
-may speculate in it; otherwise the request falls behind. When it may speculate again, the
+0..draft_valid_len-1. A decode step refreshes it (`ScheduledRequest.refresh`) only when the
+request may speculate in it; otherwise the request falls behind. Prompt rows refresh it
+whenever the policy may ever speculate (`refreshes_prompts`): one head layer over rows the
+target runs anyway, where skipping it would owe a catch-up of the whole prompt, the target
+run over it again (at batch 1 `auto` then stayed off after every new request). A policy may
+also keep decode rows fresh while it says 0 (`keeps_draft_fresh`: `auto` where speculating is
+close to paying, so a flip to 0 and back costs no catch-up). When it may speculate again, the
 step first schedules `catchup` rows over positions draft_valid_len.. (chunked within the
 token budget, like a prefill): the target runs over them again, writing no target KV (it is
 in place), and the draft refresh of those rows writes their draft KV from the recomputed
@@ -37,91 +42,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from adaspec.config import SchedulerConfig
 from adaspec.engine.kv_cache import KVCacheManager
 from adaspec.engine.prefill_pacer import PrefillPacer
 from adaspec.engine.request import Request, Status
-from adaspec.spec_decode.policy import SpeculationPolicy, request_shape
-from adaspec.spec_decode.tree import DraftShape
-
-
-@dataclass
-class ScheduledRequest:
-    """One request's part of a step. Its target rows are positions start .. start+num_rows-1:
-    first `catchup` positions below num_computed (target KV in place, not rewritten: their
-    aux features feed the draft refresh), then `num_new_tokens` new ones (a catch-up that
-    does not finish this step schedules no new ones). Fields after `draft` are fixed when
-    planned: launching the step advances the request's counters."""
-
-    req: Request
-    num_new_tokens: int               # committed tokens fed to the target this step
-    draft: DraftShape | None = None   # this request's draft budget (None = no speculation)
-    refresh: bool | None = None       # write the draft KV of its rows (None: when it drafts)
-    catchup: int = 0                  # rows re-run for the draft, from req.draft_valid_len
-    # True when the step reaches the end of the sequence, so a token is emitted.
-    samples: bool = field(init=False)
-    start: int = field(init=False)    # position of its first row
-    write_from: int = field(init=False)   # rows at positions below write no target KV
-
-    def __post_init__(self) -> None:
-        r = self.req
-        self.samples = r.num_computed + self.num_new_tokens == r.num_tokens
-        self.start = r.draft_valid_len if self.catchup else r.num_computed
-        self.write_from = r.num_computed
-        if self.refresh is None:
-            self.refresh = self.draft is not None
-
-    @property
-    def num_rows(self) -> int:
-        return self.catchup + self.num_new_tokens
-
-
-@dataclass
-class StepPlan:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    policy_shape: DraftShape | None = None   # what the policy decided for the step
-    batch_size: int = 0
-
-    @property
-    def empty(self) -> bool:
-        return not self.scheduled
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_rows + (s.draft.num_nodes if s.draft else 0) for s in self.scheduled)
-
-    @property
-    def draft_len(self) -> int:
-        return max((s.draft.num_nodes for s in self.scheduled if s.draft), default=0)
-
-    @property
-    def speculative(self) -> bool:
-        """Some request verifies drafts: how many tokens it emits is known only afterwards."""
-        return any(s.draft is not None for s in self.scheduled)
-
-    def __str__(self) -> str:
-        rows = [f"  {s.req.request_id}: +{s.num_new_tokens} tokens, draft={s.draft or 0}"
-                + (f", catch-up {s.catchup}" if s.catchup else "") + ("" if s.refresh else ", no refresh")
-                for s in self.scheduled]
-        pre = f", preempted {[r.request_id for r in self.preempted]}" if self.preempted else ""
-        return f"StepPlan(policy={self.policy_shape or 0}, batch={self.batch_size}{pre})\n" + "\n".join(rows)
-
-
-@dataclass
-class StepResult:
-    """Runner output for one scheduled request."""
-
-    emitted: list[int]            # accepted draft tokens + the bonus token ([] mid-prefill)
-    num_accepted: int = 0         # accepted draft tokens (their KV is now in place)
-    tree_depth: int = 0           # depth of the verified tree (0 = no speculation)
-    tree_nodes: int = 0           # draft tokens verified
-    path: list[int] = field(default_factory=list)  # accepted tree node indices, root excluded
-    discarded: bool = False       # set by postprocess: the request had finished before (overlap)
-    logprobs: list | None = None  # per emitted token (logprob, ((id, logprob), ...)) if the request asks
-    prompt_logprobs: tuple | None = None   # (first position, [as logprobs] per prompt token predicted)
+from adaspec.engine.step_plan import ScheduledRequest, StepPlan, StepResult
+from adaspec.spec_decode.policy import SpeculationPolicy
+from adaspec.spec_decode.tree import DraftShape, request_shape
 
 
 class Scheduler:
@@ -175,6 +103,17 @@ class Scheduler:
         its draft is refreshed, or first caught up where it fell behind."""
         return self.draft_sync and self.draft_budget(req, shape) is not None
 
+    def _refresh_shape(self, plan: StepPlan, req: Request, prompt: bool) -> DraftShape | None:
+        """The shape deciding whether `req`'s rows refresh the draft: the policy's, else the
+        configured one for prompt rows of a policy that may speculate later, and for decode
+        rows of an up-to-date draft the policy keeps fresh (module docstring)."""
+        if plan.policy_shape is not None:
+            return plan.policy_shape
+        if self.policy.refreshes_prompts if prompt else \
+                (self.policy.keeps_draft_fresh(plan.batch_size) and req.draft_valid_len >= req.num_computed):
+            return self.policy.configured
+        return None
+
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         budget = self.cfg.max_num_batched_tokens
@@ -201,7 +140,7 @@ class Scheduler:
                 i += 1          # its last token is in flight; nothing left to compute
                 continue
             left = req.num_tokens - req.num_computed
-            refresh = self.may_refresh(req, plan.policy_shape)
+            refresh = self.may_refresh(req, self._refresh_shape(plan, req, prompt=left > 1))
             behind = req.num_computed - req.draft_valid_len if refresh else 0
             if (behind or left > 1) and prefill is None:
                 prefill, reserved = self._prefill_budget(plan, budget, reserve_for_new=True)
@@ -257,7 +196,7 @@ class Scheduler:
                 if self._twin_prefilling(req, plan):
                     break   # next step it shares the twin's prompt KV through the prefix cache
                 self._match_prefix(req)
-            refresh = self.may_refresh(req, plan.policy_shape)
+            refresh = self.may_refresh(req, self._refresh_shape(plan, req, prompt=True))
             behind = req.num_computed - req.draft_valid_len if refresh else 0
             catchup = min(behind, prefill)
             num_new = min(req.num_tokens - req.num_computed, prefill - catchup) if catchup == behind else 0

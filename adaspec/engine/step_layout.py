@@ -19,7 +19,7 @@ import torch
 
 from adaspec.device.shift import Shift
 from adaspec.device.staging import Staging, stage_forward
-from adaspec.engine.scheduler import StepPlan
+from adaspec.engine.step_plan import StepPlan
 
 
 @dataclass

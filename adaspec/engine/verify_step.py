@@ -21,7 +21,7 @@ from adaspec.device.staging import Staging
 from adaspec.engine.draft_refresh import DraftRefresh, RefreshBatch, RefreshEntries, stage_refresh
 from adaspec.engine.penalty_step import StagedLogprobs, StagedPenalties, stage_logprobs, stage_penalties, \
     token_logprobs
-from adaspec.engine.scheduler import StepResult
+from adaspec.engine.step_plan import StepResult
 from adaspec.penalties import apply_penalties, path_matrix
 from adaspec.sampling import MAX_LOGPROBS, SamplingBatch, choose
 from adaspec.spec_decode.simulated import simulate

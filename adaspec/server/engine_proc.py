@@ -301,6 +301,7 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
                 elif c[0] == "stop":
                     for rid in list(engine.requests):
                         engine.abort_request(rid)
+                    _log_final_stats(engine)
                     engine.close()   # its tensor-parallel workers, if any
                     return
         except (EOFError, OSError):   # the server is gone
@@ -325,3 +326,12 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
             except (BrokenPipeError, OSError):
                 return
             last_sent = now
+
+
+def _log_final_stats(engine) -> None:
+    """One INFO line at shutdown: what the steps were (speculating or not, draft lengths, how
+    their parts ran: CUDA graphs or eager) and where the policy ended, for reading a run back."""
+    st = engine.stats()
+    keys = ("num_steps", "spec_steps", "nonspec_steps", "draft_len_histogram", "accept_length", "launches",
+            "policy_state")
+    logging.getLogger("adaspec").info("engine stats at shutdown: %s", {k: st.get(k) for k in keys})

@@ -5,7 +5,7 @@ Once per step, before any KV slot is reserved, the scheduler calls
 A policy with `prices_catchup` is also told how many positions the draft would have to catch
 up on to speculate now (`catchup_tokens`: requests that did not speculate got no draft
 refresh, see engine/scheduler.py), the price of resuming.
-The scheduler then applies per-request caps (`request_shape`: opt-out, `max_draft_tokens`,
+The scheduler then applies per-request caps (`tree.request_shape`: opt-out, `max_draft_tokens`,
 tokens left) and reserves exactly what the resulting plan says. After the step the engine reports what
 happened through `policy.observe(feedback)`, which is how `auto` learns.
 """
@@ -43,6 +43,7 @@ class SpeculationPolicy(abc.ABC):
 
     name = "base"
     prices_catchup = False   # True: `decide` wants `catchup_tokens` (the scheduler counts them)
+    refreshes_prompts = True  # prompt rows write the draft KV even in steps that do not speculate
 
     def __init__(self, cfg: SpecConfig):
         self.cfg = cfg
@@ -62,12 +63,18 @@ class SpeculationPolicy(abc.ABC):
     def observe(self, fb: StepFeedback) -> None:
         """Default: nothing to learn."""
 
+    def keeps_draft_fresh(self, batch_size: int) -> bool:
+        """Whether decode rows refresh the draft in a step this policy said 0 for (so that
+        speculating again owes no catch-up). Default: no, speculation off costs nothing."""
+        return False
+
     def describe(self) -> dict:
         return {"policy": self.name, "shape": str(self.configured)}
 
 
 class OffPolicy(SpeculationPolicy):
     name = "off"
+    refreshes_prompts = False   # it never speculates: nothing of the draft runs
 
     def decide(self, batch_size: int, catchup_tokens: int = 0) -> DraftShape | None:
         return None
@@ -120,9 +127,11 @@ class AutoPolicy(SpeculationPolicy):
                 earlier, so the choice flapped. Costs that really grow (longer contexts)
                 still show within a window.
     Resuming: while off, requests get no draft refresh, so speculating again first costs a
-    catch-up, a target forward over every missed position (`catchup_tokens` of them, each
-    priced at `token_time`: measured on steps that ran prompt or catch-up rows, seeded by the
-    start-up profile). That cost is spread over `resume_horizon` steps and added to the
+    catch-up, a target forward over every missed position (`catchup_tokens` of them, priced
+    by `catchup_fit`: a fixed part and `token_time` per row, fitted to steps that ran prompt or
+    catch-up rows, seeded by the start-up profile). Prompts refresh the draft whatever the
+    policy says (engine/scheduler.py), so what is owed is the decode steps run off. That
+    cost is spread over `resume_horizon` steps and added to the
     step time of every depth > 0 while it is owed: the longer the policy was off (and the
     longer the contexts), the more a depth must win by to resume, so it does not flap
     between 0 and K when catching up is expensive.
@@ -141,6 +150,7 @@ class AutoPolicy(SpeculationPolicy):
     LOG_EVERY_S = 1.0
     PRIOR_TOKENS = 4          # the prior rate's weight, in drafted tokens, against the first evidence
     THIN_EVIDENCE = 8         # a depth measured on fewer drafted tokens is probed 10x as often
+    FRESH_WITHIN = 0.8        # keeps_draft_fresh: a depth within this of off's goodput
     prices_catchup = True
     BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
@@ -163,10 +173,12 @@ class AutoPolicy(SpeculationPolicy):
         self.probes: set[int] = set()   # depths of probe steps decided, not yet observed
         self._last_log, self._unlogged = -float("inf"), 0   # see _log_change
         self.resume_horizon = resume_horizon
-        self.token_samples: deque = deque(maxlen=window)   # seconds per prompt / catch-up row
+        self.token_samples: deque = deque(maxlen=window)   # (prompt / catch-up rows, seconds they added)
+        self._catchup_fit: tuple[float, float] | None = None   # (fixed s, s per row) of those samples
         self.profiled_token_time: float | None = None
         self.catchup_tokens = 0
         self.resuming = 0   # steps left of a probe from off still catching up (see decide)
+        self.resume_depth = 1   # the depth that probe runs once caught up
         self._buckets: dict[int, int] = {}   # batch size -> bucket index (`bucket`)
 
     # ---- estimates ------------------------------------------------------------------------
@@ -208,12 +220,32 @@ class AutoPolicy(SpeculationPolicy):
         the caller has them already)."""
         return 1.0 + sum((rates if rates is not None else self.rate_estimates())[:depth])
 
+    def catchup_fit(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per row) that prompt / catch-up rows add to a step: a line
+        fitted to recent measurements where their row counts differ twofold or more (at batch 1
+        3 catch-up rows added about what a 130-row prompt did, 5 ms, an eager step's fixed
+        cost), else per row alone (the median)."""
+        if self._catchup_fit is None and self.token_samples:
+            rows = [n for n, _ in self.token_samples]
+            extra = [t for _, t in self.token_samples]
+            per_row = sorted(t / n for n, t in self.token_samples)[len(rows) // 2]
+            fit = (0.0, per_row)
+            if len(rows) >= 2 and max(rows) >= 2 * min(rows):
+                mn, mt = sum(rows) / len(rows), sum(extra) / len(extra)
+                var = sum((n - mn) ** 2 for n in rows)
+                slope = sum((n - mn) * (t - mt) for n, t in zip(rows, extra)) / var
+                slope = min(max(slope, 0.0), max(extra) / min(rows))
+                fit = (max(0.0, mt - slope * mn), slope)
+            self._catchup_fit = fit
+        return self._catchup_fit
+
     @property
     def token_time(self) -> float:
-        """Seconds a catch-up row adds to a step: the median of recent measurements, else the
-        profile's, else a decode row's share of the largest timed decode batch."""
+        """Seconds a catch-up row adds to a step (beyond `catchup_fit`'s fixed part): fitted
+        to recent measurements, else the profile's, else a decode row's share of the largest
+        timed decode batch."""
         if self.token_samples:
-            return float(sorted(self.token_samples)[len(self.token_samples) // 2])
+            return self.catchup_fit()[1]
         if self.profiled_token_time is not None:
             return self.profiled_token_time
         pts = [(self.BUCKETS[k], t) for (d, k), t in self.times.items() if d == 0]
@@ -225,7 +257,10 @@ class AutoPolicy(SpeculationPolicy):
     def resume_cost(self) -> float:
         """Seconds per step that speculating now owes for the catch-up (spread over
         `resume_horizon` steps)."""
-        return self.catchup_tokens * self.token_time / self.resume_horizon if self.catchup_tokens else 0.0
+        if not self.catchup_tokens:
+            return 0.0
+        fixed = self.catchup_fit()[0] if self.token_samples else 0.0
+        return (fixed + self.catchup_tokens * self.token_time) / self.resume_horizon
 
     def goodputs(self, b: int) -> dict[int, float]:
         out, floor = {}, 0.0
@@ -242,6 +277,14 @@ class AutoPolicy(SpeculationPolicy):
                 out[d] = b * self.tau(d, rates) / floor
         return out
 
+    def keeps_draft_fresh(self, batch_size: int) -> bool:
+        """Near the break-even (a depth's goodput within FRESH_WITHIN of off's at the last
+        decision) the choice flips, and at batch 1 each flip back cost a catch-up step without
+        a CUDA graph (5 ms on the H200 for the demo pair, 1 ms a step), where the refresh rides
+        in the post graph. Far from it (dense targets under load), off still costs nothing."""
+        g = self.last_goodputs
+        return 0 in g and max((v for d, v in g.items() if d), default=0.0) >= self.FRESH_WITHIN * g[0]
+
     # ---- decision -------------------------------------------------------------------------
     def decide(self, batch_size: int, catchup_tokens: int = 0) -> DraftShape | None:
         self.catchup_tokens = catchup_tokens
@@ -249,8 +292,8 @@ class AutoPolicy(SpeculationPolicy):
             # A probe from off first catches the drafts up (a step that drafts nothing): it
             # lasts until a step drafts, else its acceptance would never be measured.
             self.resuming = self.resuming - 1 if catchup_tokens else 0
-            self.probes.add(1)
-            return self.shapes[1]
+            self.probes.add(self.resume_depth)
+            return self.shapes[self.resume_depth]
         g = self.goodputs(max(1, batch_size))
         self.last_goodputs = g
         if not g:
@@ -278,7 +321,7 @@ class AutoPolicy(SpeculationPolicy):
             self.steps_since_spec = 0
             self.probes.add(probe)
             if self.depth == 0 and catchup_tokens:
-                self.resuming = 4   # chunked catch-ups included
+                self.resuming, self.resume_depth = 4, probe   # chunked catch-ups included
             return self.shapes[probe]
         return self.shapes[self.depth]
 
@@ -332,7 +375,8 @@ class AutoPolicy(SpeculationPolicy):
         elif fb.num_prefill_tokens > 0:   # what its prompt / catch-up rows added to the step
             decode = self.step_time(max(1, fb.batch_size), depth)
             if decode is not None:
-                self.token_samples.append(max(0.0, fb.step_time - decode) / fb.num_prefill_tokens)
+                self.token_samples.append((fb.num_prefill_tokens, max(0.0, fb.step_time - decode)))
+                self._catchup_fit = None
         prior = self.rate_estimates()
         for i, (a, n) in enumerate(zip(fb.accepted_per_position, fb.drafted_per_position)):
             if n:
@@ -362,6 +406,7 @@ class AutoPolicy(SpeculationPolicy):
             cost.setdefault(str(d), {})[self.BUCKETS[k]] = round(t * 1e3, 3)
         return {**super().describe(), "depth": self.depth, "catchup_tokens": self.catchup_tokens,
                 "catchup_token_us": round(self.token_time * 1e6, 3),
+                "catchup_fixed_us": round((self.catchup_fit() or (0.0, 0.0))[0] * 1e6, 3),
                 "tau": [round(self.tau(d), 3) for d in range(self.max_depth + 1)],
                 "goodput": {d: round(v, 2) for d, v in self.last_goodputs.items()},
                 "step_ms": cost}   # the cost table: depth -> {batch bucket: ms}
@@ -384,17 +429,6 @@ class AutoPolicy(SpeculationPolicy):
                     k = (d, self.bucket(b))
                     self._sample(k, t)
                     self.profiled.add(k)
-
-
-def request_shape(shape: DraftShape | None, speculate: bool, max_draft_tokens: int | None,
-                  tokens_left: int) -> DraftShape | None:
-    """One request's cap of the step's shape (the scheduler's `draft_budget`): None when it
-    opts out (`speculate=False`); at most `max_draft_tokens` draft tokens verified, tree nodes
-    included (SamplingParams.max_draft_tokens, as documented); no deeper than
-    `tokens_left - 1`, since drafting past the last token it may emit is wasted work and KV."""
-    if shape is None or not speculate:
-        return None
-    return shape.capped(tokens_left - 1, max_draft_tokens)
 
 
 POLICIES: dict[str, type[SpeculationPolicy]] = {

@@ -84,3 +84,14 @@ class DraftTree:
                 m[i, j] = True
                 j = self.parents[j]
         return m
+
+
+def request_shape(shape: DraftShape | None, speculate: bool, max_draft_tokens: int | None,
+                  tokens_left: int) -> DraftShape | None:
+    """One request's cap of the step's shape (the scheduler's `draft_budget`): None when it
+    opts out (`speculate=False`); at most `max_draft_tokens` draft tokens verified, tree nodes
+    included (SamplingParams.max_draft_tokens, as documented); no deeper than
+    `tokens_left - 1`, since drafting past the last token it may emit is wasted work and KV."""
+    if shape is None or not speculate:
+        return None
+    return shape.capped(tokens_left - 1, max_draft_tokens)

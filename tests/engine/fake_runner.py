@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from adaspec.engine.scheduler import StepResult
+from adaspec.engine.step_plan import StepResult
 
 
 def fake_execute(plan, rng: random.Random, vocab: int = 50) -> list[StepResult]:

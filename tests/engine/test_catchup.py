@@ -11,18 +11,23 @@ import torch
 
 from adaspec import LLM, SamplingParams
 from adaspec.engine import runner as runner_mod
-from adaspec.engine.scheduler import Scheduler, StepPlan
+from adaspec.engine.scheduler import Scheduler
+from adaspec.engine.step_plan import StepPlan
 from adaspec.spec_decode.policy import SpeculationPolicy
 from helpers import prompts_of_lengths
 
 
 class Switch(SpeculationPolicy):
-    """Wraps a policy; says 0 while `off` is set (a test's stand-in for high load)."""
+    """Wraps a policy; says 0 while `off` is set (a test's stand-in for high load); with
+    `fresh`, it keeps the draft fresh while it says 0."""
     name = "switch"
 
-    def __init__(self, inner):
+    def __init__(self, inner, fresh=False):
         super().__init__(inner.cfg)
-        self.inner, self.off = inner, False
+        self.inner, self.off, self.fresh = inner, False, fresh
+
+    def keeps_draft_fresh(self, batch_size):
+        return self.fresh
 
     def decide(self, batch_size, catchup_tokens=0):
         return None if self.off else self.inner.decide(batch_size)
@@ -56,7 +61,8 @@ def _scenario(agree_dir, head, kw, log):
     launch = eng.runner.launch
 
     def logged(plan):
-        log.extend((s.req.request_id, s.refresh, s.catchup, s.num_new_tokens, s.req.pending, str(s.draft)) for s in plan.scheduled)
+        log.extend((s.req.request_id, s.refresh, s.catchup, s.num_new_tokens, s.req.pending, str(s.draft), pol.off)
+                   for s in plan.scheduled)
         return launch(plan)
     eng.runner.launch = logged
     prompt = prompts_of_lengths([14], seed=61)[0]
@@ -105,8 +111,13 @@ def test_catchup_draft_kv_equals_per_step_refresh(agree_dir, trained_head, two_l
     assert any(e[4] for e in catchups) or head == "two-layer"   # planned while the previous step ran
     assert not all(e[1] for e in b)                    # off steps refreshed nothing
     assert stats["num_preemptions"] == 1
-    # It drafts again right after each catch-up (a catch-up step itself drafts nothing).
-    assert all(b[k + 1][5] != "None" for k, e in enumerate(b[:-3]) if e[2] and b[k + 1][2] == 0), b
+    # It drafts again right after each catch-up (a catch-up step itself drafts nothing),
+    # where the next step decodes with the policy on.
+    assert all(b[k + 1][5] != "None" for k, e in enumerate(b[:-3])
+               if e[2] and b[k + 1][2] == 0 and b[k + 1][3] == 1 and not b[k + 1][6]), b
+    # Prompt rows refresh the draft while the policy is off (no whole-prompt catch-up later);
+    # decode rows do not.
+    assert any(e[1] and e[3] > 1 and e[6] for e in b) and not any(e[1] and e[3] == 1 and e[6] for e in b), b
     assert stats["verify_steps"] > 0
 
 
@@ -172,7 +183,7 @@ def test_resuming_never_stops_the_others_from_decoding():
     from adaspec.config import SchedulerConfig, SpecConfig
     from adaspec.engine.kv_cache import KVCacheManager
     from adaspec.engine.request import Request
-    from adaspec.engine.scheduler import StepResult
+    from adaspec.engine.step_plan import StepResult
     from adaspec.spec_decode.policy import AlwaysPolicy
 
     pol = Switch(AlwaysPolicy(SpecConfig(draft="x", policy="always", num_steps=2, topk=1)))
@@ -199,3 +210,42 @@ def test_resuming_never_stops_the_others_from_decoding():
     assert caught_up is not None and caught_up - resumed_at <= 5, (resumed_at, caught_up)
     plan = sched.schedule()
     assert all(s.draft is not None and s.refresh and not s.catchup for s in plan.scheduled)
+
+
+def test_a_draft_kept_fresh_while_off_resumes_without_a_catch_up(agree_dir, trained_head):
+    """A policy that keeps the draft fresh while it says 0 (`keeps_draft_fresh`, auto near its
+    break-even): decode rows refresh in the off steps, so switching back on drafts at once,
+    with no catch-up step; greedy output equals speculation off, and acceptance that of a
+    policy never off (the draft KV is what per-step refresh writes)."""
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    prompt = prompts_of_lengths([11], seed=64)[0]
+    off = LLM(agree_dir, device="cpu", dtype="float32", block_size=4).generate([prompt], params)[0].token_ids
+    runs = {}
+    for flapping in (True, False):
+        llm = LLM(agree_dir, draft=trained_head, speculation="always", device="cpu", dtype="float32", block_size=4,
+                  num_steps=3, topk=1)
+        eng = llm.engine
+        pol = eng.scheduler.policy = Switch(eng.policy, fresh=True)
+        log = []
+        launch = eng.runner.launch
+
+        def logged(plan, launch=launch, log=log, pol=pol):
+            log.extend((s.refresh, s.catchup, s.num_new_tokens, s.draft is not None, pol.off) for s in plan.scheduled)
+            return launch(plan)
+        eng.runner.launch = logged
+        eng.add_request("r", prompt, params)
+        req, out, k = eng.requests["r"], None, 0
+        while eng.has_unfinished():
+            pol.off = flapping and (k % 5) in (1, 2)
+            k += 1
+            for o in eng.step():
+                out = o.token_ids if o.finished else out
+        assert out == off
+        runs[flapping] = (log, llm.stats())
+    log, st = runs[True]
+    assert not any(e[1] for e in log), log                          # never a catch-up
+    off_decodes = [e for e in log if e[4] and e[2] == 1]
+    assert off_decodes and all(e[0] and not e[3] for e in off_decodes[:-1]), log   # refreshed, no drafts
+    resumed = [log[i + 1] for i, e in enumerate(log[:-2]) if e[4] and not log[i + 1][4] and log[i + 1][2] == 1]
+    assert resumed and all(e[3] for e in resumed), log              # drafts right away
+    assert st["accept_length"] >= 0.9 * runs[False][1]["accept_length"] > 1.2, (st, runs[False][1])

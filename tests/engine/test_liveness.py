@@ -21,7 +21,8 @@ from adaspec.engine.engine import Engine
 from adaspec.engine.llm import LLM
 from adaspec.engine.kv_cache import KVCacheManager
 from adaspec.engine.request import Request
-from adaspec.engine.scheduler import Scheduler, StepPlan, StepResult
+from adaspec.engine.scheduler import Scheduler
+from adaspec.engine.step_plan import StepPlan, StepResult
 from adaspec.sampling import SamplingParams
 from adaspec.spec_decode.policy import make_policy
 from adaspec.testing import make_eagle3_head

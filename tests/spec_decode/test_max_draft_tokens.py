@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from adaspec import LLM, SamplingParams
-from adaspec.spec_decode.policy import request_shape
+from adaspec.spec_decode.tree import request_shape
 from adaspec.spec_decode.tree import DraftShape
 from adaspec.testing import make_eagle3_head
 

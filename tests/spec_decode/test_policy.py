@@ -419,3 +419,57 @@ def test_auto_learns_acceptance_at_batch_1_on_a_host_bound_table():
             pol.observe(StepFeedback(batch_size=1, num_tokens=d + 1, draft_len=d, step_time=T[d],
                                      accepted_per_position=tuple(acc), drafted_per_position=(1,) * d))
         assert tokens / seconds >= 0.93 * best, (T[0], seed, tokens / seconds / best)
+
+
+def test_auto_prices_a_catch_up_by_its_fixed_and_per_row_parts():
+    """At batch 1 on a host-bound pair a catch-up step runs without a CUDA graph: 3 rows added
+    about what a 130-row prompt did (5 ms). Priced per row alone, the median of such samples
+    made a later catch-up of 30 positions cost 20 ms over the horizon and kept auto off; the
+    fit prices it at its fixed part plus a little per row, and auto resumes."""
+    pol = auto_policy()
+    feed(pol, 1, lambda d: 0.4e-3 if d == 0 else 1.0e-3, rate=0.85)
+    for rows in (3, 130, 2, 128, 4):   # prompts and catch-ups, each ~5 ms over a decode step
+        pol.observe(StepFeedback(batch_size=1, num_tokens=rows + 1, draft_len=0,
+                                 step_time=0.4e-3 + 5e-3 + rows * 4e-6, num_prefill_tokens=rows))
+    fixed, per_row = pol.catchup_fit()
+    assert fixed == pytest.approx(5e-3, rel=0.05) and per_row == pytest.approx(4e-6, rel=0.2)
+    assert pol.resume_cost() == 0.0
+    pol.depth = 0
+    assert depth_of(pol.decide(1, catchup_tokens=30)) == 4
+    assert pol.resume_cost() == pytest.approx((5e-3 + 30 * 4e-6) / pol.resume_horizon, rel=0.05)
+    # Samples of one size give no line: per row alone, as before.
+    one = auto_policy()
+    one.observe(StepFeedback(batch_size=1, num_tokens=1, draft_len=0, step_time=1e-3))
+    one.observe(StepFeedback(batch_size=1, num_tokens=11, draft_len=0, step_time=3e-3, num_prefill_tokens=10))
+    assert one.catchup_fit() == pytest.approx((0.0, 2e-4))
+
+
+def test_auto_probe_from_off_runs_the_probed_depth_once_caught_up():
+    """A probe from off first catches up (steps that draft nothing), then runs the depth it
+    probes: on a host-bound table where one draft level cannot pay its fixed cost, that is a
+    deeper one (the policy before made every such probe a depth-1 step, which never won)."""
+    pol = auto_policy()
+    for d, t in enumerate([0.36e-3, 0.85e-3, 0.9e-3, 0.95e-3, 1.0e-3]):
+        pol.times[(d, pol.bucket(1))] = t
+    pol.rates = [0.2, 0.1, 0.05, 0.02]          # an unlucky start: off is the choice
+    pol.evidence = [2, 1, 1, 1]
+    seen = []
+    for _ in range(40):
+        shape = pol.decide(1, catchup_tokens=5)
+        seen.append(depth_of(shape))
+    probes = [d for d in seen if d]
+    assert probes and min(probes) >= 2, seen
+
+
+def test_auto_keeps_the_draft_fresh_only_near_its_break_even():
+    """`keeps_draft_fresh` (decode rows refresh while auto says 0): yes where a depth's
+    goodput is within FRESH_WITHIN of off's, no where speculation clearly loses (a dense
+    target under load: there off must keep costing nothing)."""
+    near = auto_policy()
+    feed(near, 1, lambda d: 0.4e-3 if d == 0 else 1.2e-3, rate=0.75)   # off wins, by a little
+    assert near.decide(1) is None and near.keeps_draft_fresh(1)
+    far = auto_policy()
+    feed(far, 64, lambda d: 0.010 * (1 + 1.5 * d), rate=0.8)
+    assert far.decide(64) is None and not far.keeps_draft_fresh(64)
+    fresh = auto_policy()
+    assert not fresh.keeps_draft_fresh(1)   # nothing decided yet
