@@ -7,8 +7,9 @@ Threading contract (the engine is not thread-safe, so exactly one thread ever to
   * The event-loop thread owns `_streams` (request id -> RequestStream). The engine thread hands
     each step's outputs to the loop with ONE `call_soon_threadsafe`, so streams never see a
     half-dispatched step and the loop is never blocked by engine work.
-  * `stats` is a snapshot of `engine.stats()` taken by the engine thread after every step and
-    every batch of commands; readers (metrics, /server_info) never call into the engine.
+  * `stats` is a snapshot of `engine.stats()` taken by the engine thread after a step (at most
+    every STATS_EVERY_S while busy, always once idle) and every batch of commands; readers
+    (metrics, /server_info) never call into the engine.
 
 Request life: `submit` registers the stream and queues the add synchronously (so the overload
 check in the API counts it at once); `accepted` waits for the engine to take it; `abort` (client
@@ -46,6 +47,8 @@ from adaspec.engine.request import RequestOutput
 from adaspec.sampling import SamplingParams
 from adaspec.server.request_stream import EngineError, RequestStream
 
+STATS_EVERY_S = 0.05   # how stale the stats snapshot may be while the engine is busy
+
 logger = logging.getLogger("adaspec.server")
 
 
@@ -68,6 +71,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._in_engine: set[str] = set()       # engine-thread view of unfinished requests
         self._stats: dict = self._safe_stats()
+        self._stats_at = time.monotonic()
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._beat = time.monotonic()            # the engine thread's last loop turn
@@ -365,7 +369,10 @@ class AsyncEngine:
                 if out.error and not out.finished:
                     self._abort(out.request_id)
                 self._in_engine.discard(out.request_id)
-        self._stats = self._safe_stats()
+        # A fresh snapshot at most every STATS_EVERY_S while busy, always once idle (host time
+        # of every step otherwise, on the thread the engine steps in).
+        if now - self._stats_at >= STATS_EVERY_S or not self._in_engine:
+            self._stats, self._stats_at = self._safe_stats(), now
         if outputs:
             self._post(self._dispatch, outputs, now)
 

@@ -10,6 +10,8 @@ Protocol (two one-way pipes, pickled tuples):
   server -> engine   ("add", id, prompt_ids, params) | ("abort", id) | ("stop",)
   engine -> server   ("ready", info) | ("startup_error", type, message) | ("fatal", message)
                      ("out", [delta, ...], stats, (num_stalled_steps, stalled_since))
+                     (stats None: no new snapshot; one at most every STATS_EVERY_S while busy,
+                     always once the engine is idle)
 A delta is (id, new_token_ids, new_text, finished, finish_reason, error, num_cached_tokens,
 spec, queue_time, new_logprobs, prompt_logprobs): only what changed (prompt logprobs in the
 first and the last only), so a step's message stays small however long the outputs grow;
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 from adaspec.config import EngineConfig
 from adaspec.engine.request import RequestOutput
 from adaspec.sampling import SamplingParams
+from adaspec.server.async_engine import STATS_EVERY_S
 
 logger = logging.getLogger("adaspec.server")
 
@@ -191,7 +194,9 @@ class EngineProcess:
             if msg[0] == "fatal":
                 self._fatal = msg[1]
             if msg[0] == "out":
-                _, deltas, self._stats, (self.num_stalled_steps, self.stalled_since) = msg
+                _, deltas, stats, (self.num_stalled_steps, self.stalled_since) = msg
+                if stats is not None:   # (None: the engine skipped the snapshot, see STATS_EVERY_S)
+                    self._stats = stats
                 for d in deltas:
                     out = self._apply(d)
                     if out is not None:
@@ -278,7 +283,7 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
                             "stats": engine.stats()}))
     except (BrokenPipeError, OSError):   # the server gave up while we loaded
         return
-    last_sent = time.monotonic()
+    last_sent = last_stats = time.monotonic()
     while True:
         # Idle (or stalled: it planned nothing last step) -> wait for a command, up to 0.5 s.
         busy = engine.has_unfinished() and not engine.num_stalled_steps
@@ -320,8 +325,13 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
             raise SystemExit(1) from None
         now = time.monotonic()
         if outs or failed or applied or now - last_sent > 0.5:
+            # A fresh stats snapshot at most every STATS_EVERY_S while busy, always once idle:
+            # building and sending one is host time of every step (~0.1 ms with auto's state).
+            fresh = now - last_stats >= STATS_EVERY_S or not engine.has_unfinished()
+            if fresh:
+                last_stats = now
             try:
-                out.send(("out", failed + [_delta(o) for o in outs], engine.stats(),
+                out.send(("out", failed + [_delta(o) for o in outs], engine.stats() if fresh else None,
                           (engine.num_stalled_steps, engine.stalled_since)))
             except (BrokenPipeError, OSError):
                 return

@@ -44,6 +44,9 @@ def test_engine_process_matches_llm_and_aborts(llama_dir):
         finals, streamed = _drain(ep)
         assert [finals[str(i)].token_ids for i in range(3)] == ref
         assert all(streamed[str(i)] == ref[i] for i in range(3))
+        # Snapshots are skipped while busy (STATS_EVERY_S) but the one that came with the last
+        # outputs is fresh: the engine was idle by then.
+        assert ep.stats()["generation_tokens"] == sum(map(len, ref)) and ep.stats()["num_running"] == 0
         assert finals["0"].prompt_token_ids == prompts[0] and finals["0"].finish_reason == "length"
         assert all(0.0 <= finals[str(i)].queue_time < 60 for i in range(3))   # timed in the engine, sent over
         # An aborted request produces nothing more and its KV comes back.
