@@ -284,6 +284,7 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
     except (BrokenPipeError, OSError):   # the server gave up while we loaded
         return
     last_sent = last_stats = time.monotonic()
+    profiler = _start_profile()
     while True:
         # Idle (or stalled: it planned nothing last step) -> wait for a command, up to 0.5 s.
         busy = engine.has_unfinished() and not engine.num_stalled_steps
@@ -307,6 +308,8 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
                     for rid in list(engine.requests):
                         engine.abort_request(rid)
                     _log_final_stats(engine)
+                    if profiler is not None:
+                        _dump_profile(profiler)
                     engine.close()   # its tensor-parallel workers, if any
                     return
         except (EOFError, OSError):   # the server is gone
@@ -345,3 +348,21 @@ def _log_final_stats(engine) -> None:
     keys = ("num_steps", "spec_steps", "nonspec_steps", "draft_len_histogram", "accept_length", "launches",
             "policy_state")
     logging.getLogger("adaspec").info("engine stats at shutdown: %s", {k: st.get(k) for k in keys})
+
+
+def _start_profile():
+    """ADASPEC_ENGINE_PROFILE=PREFIX: profile the engine process's loop with cProfile, written
+    to PREFIX.<pid>.prof at a clean stop (for reading where a served step's host time goes)."""
+    if not os.environ.get("ADASPEC_ENGINE_PROFILE"):
+        return None
+    import cProfile
+    profiler = cProfile.Profile()
+    profiler.enable()
+    return profiler
+
+
+def _dump_profile(profiler) -> None:
+    profiler.disable()
+    path = f"{os.environ['ADASPEC_ENGINE_PROFILE']}.{os.getpid()}.prof"
+    profiler.dump_stats(path)
+    logging.getLogger("adaspec").info("engine loop profile written to %s", path)
