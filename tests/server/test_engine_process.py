@@ -75,3 +75,21 @@ def test_engine_process_startup_error_and_death(llama_dir):
             ep.step(timeout=0.05)
     assert not ep.alive
     ep.close()
+
+
+def test_engine_process_profile_is_written_at_a_clean_stop(llama_dir, tmp_path, monkeypatch):
+    """ADASPEC_ENGINE_PROFILE=PREFIX: the engine loop's cProfile stats land in PREFIX.<pid>.prof
+    when the process is stopped, and they hold its steps."""
+    import pstats
+
+    monkeypatch.setenv("ADASPEC_ENGINE_PROFILE", str(tmp_path / "eng"))
+    ep = EngineProcess(EngineConfig.create(llama_dir, device="cpu", dtype="float32"))
+    try:
+        ep.add_request("0", prompts_of_lengths([5], seed=33)[0], SamplingParams(max_tokens=4, temperature=0.0))
+        _drain(ep)
+    finally:
+        ep.close()
+    files = list(tmp_path.glob("eng.*.prof"))
+    assert len(files) == 1
+    stats = pstats.Stats(str(files[0])).stats
+    assert any(name == "step" and path.endswith("engine.py") for path, _, name in stats)
