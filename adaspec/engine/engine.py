@@ -116,6 +116,9 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.spec_stats = SpecStats()
         self.counters = Counter()
+        # Host seconds per part of Engine.step, summed (stats "host_ms_per_step"): where a
+        # host-bound engine's cycle goes, read back from a served run's shutdown line.
+        self.host_times: Counter = Counter()
         self.draft_len_histogram: Counter = Counter()
         self.last_draft_len = 0
         self._ids = itertools.count()
@@ -232,7 +235,9 @@ class Engine:
         changed: list[Request] = []
         if self.inflight is not None and not self.runner.plans_ahead(self.inflight.plan):
             changed += self._collect()
+        t = time.perf_counter()
         plan = self.scheduler.schedule()
+        self.host_times["schedule"] += time.perf_counter() - t
         if self.inflight is not None and plan.empty:
             changed += self._collect()
         failed = [r for r in self.requests.values() if r.is_finished and r.error]
@@ -245,7 +250,9 @@ class Engine:
                     self.stalled_since = time.monotonic()
             return self._outputs(failed + changed)
         self._progressed()
+        t = time.perf_counter()
         launched = self.runner.launch(plan)
+        self.host_times["launch"] += time.perf_counter() - t
         self.scheduler.launched(plan)
         if self.inflight is not None:
             self.counters["overlapped_steps"] += 1
@@ -260,11 +267,17 @@ class Engine:
     def _collect(self) -> list[Request]:
         """Wait for the launched step, apply its results; the requests that changed."""
         step, self.inflight = self.inflight, None
+        h, t0 = self.host_times, time.perf_counter()
         results = self.runner.collect(step)
         device = self.runner.last_step_time
         cost = self._clock.collected(self.runner.last_wait, device)
+        t1 = time.perf_counter()
         changed = self.scheduler.postprocess(step.plan, results)
+        t2 = time.perf_counter()
         self._observe(step.plan, results, device, cost)
+        h["collect"] += t1 - t0   # (the device wait included: runner.last_wait)
+        h["postprocess"] += t2 - t1
+        h["observe"] += time.perf_counter() - t2
         return changed
 
     def _progressed(self) -> None:
@@ -384,4 +397,7 @@ class Engine:
             "cuda_graph_memory_bytes": self.runner.graphs.memory_bytes if self.runner.graphs else 0,
             "num_stalled_steps": self.num_stalled_steps,
             "launches": dict(sorted(self.runner.launch_counts.items())),
+            "host_ms_per_step": {k: round(1e3 * v / max(1, self.counters["num_steps"]), 4)
+                                 for k, v in sorted({**self.host_times,
+                                                     "decide": self.scheduler.decide_seconds}.items())},
         }

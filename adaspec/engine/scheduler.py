@@ -67,6 +67,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.decide_seconds = 0.0   # host time in policy.decide (Engine.stats "host_ms_per_step")
         self.pacer = PrefillPacer(fixed_cap=cfg.long_prefill_token_threshold)   # fed by the engine
 
     # ---- queue management -----------------------------------------------------------------
@@ -118,10 +119,12 @@ class Scheduler:
         plan = StepPlan()
         budget = self.cfg.max_num_batched_tokens
         plan.batch_size = len(self.running) + min(len(self.waiting), max(0, self.cfg.max_num_seqs - len(self.running)))
+        t = time.perf_counter()
         if self.draft_sync and self.policy.prices_catchup:
             plan.policy_shape = self.policy.decide(plan.batch_size, catchup_tokens=self.catchup_tokens())
         elif self.draft_sync:
             plan.policy_shape = self.policy.decide(plan.batch_size)
+        self.decide_seconds += time.perf_counter() - t
         # Decode rows first, then prefill chunks: a running stream is never starved by a long
         # prompt (prefill rows get what the decode rows leave, capped by `_prefill_budget`).
         # Among prefills the oldest comes first (it always progresses), then the shortest

@@ -346,7 +346,7 @@ def _log_final_stats(engine) -> None:
     their parts ran: CUDA graphs or eager) and where the policy ended, for reading a run back."""
     st = engine.stats()
     keys = ("num_steps", "spec_steps", "nonspec_steps", "draft_len_histogram", "accept_length", "launches",
-            "policy_state")
+            "host_ms_per_step", "policy_state")
     logging.getLogger("adaspec").info("engine stats at shutdown: %s", {k: st.get(k) for k in keys})
 
 

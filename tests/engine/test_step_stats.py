@@ -1,0 +1,23 @@
+"""What `Engine.stats` says about the steps themselves: how each launched part ran
+(`launches`: CUDA graph or eager) and where the host's time per step went (`host_ms_per_step`)."""
+from __future__ import annotations
+
+from adaspec import LLM, SamplingParams
+from helpers import prompts_of_lengths
+
+
+def test_launches_and_host_times_count_every_step(agree_dir, trained_head):
+    llm = LLM(agree_dir, draft=trained_head, speculation="always", num_steps=2, topk=1, device="cpu",
+              dtype="float32")
+    prompts = prompts_of_lengths([6, 9], seed=71)
+    llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    st = llm.stats()
+    n, lc = st["num_steps"], st["launches"]
+    # On the CPU nothing is a graph: every step's target forward ran eagerly, once.
+    assert lc["target_eager"] == n and not any(k.endswith("_graph") for k in lc)
+    assert lc["post_eager"] == n                       # every step here verified or sampled something
+    assert 0 < lc["chain_eager"] <= st["spec_steps"]   # chains drafted on speculative steps only
+    host = st["host_ms_per_step"]
+    assert set(host) == {"schedule", "launch", "collect", "postprocess", "observe", "decide"}
+    assert all(v > 0 for v in host.values()), host
+    assert host["decide"] <= host["schedule"]          # the decision is part of scheduling
