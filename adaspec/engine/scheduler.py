@@ -104,14 +104,14 @@ class Scheduler:
         its draft is refreshed, or first caught up where it fell behind."""
         return self.draft_sync and self.draft_budget(req, shape) is not None
 
-    def _refresh_shape(self, plan: StepPlan, req: Request, prompt: bool) -> DraftShape | None:
+    def _refresh_shape(self, plan: StepPlan, req: Request, prompt: bool, fresh: bool) -> DraftShape | None:
         """The shape deciding whether `req`'s rows refresh the draft: the policy's, else the
         configured one for prompt rows of a policy that may speculate later, and for decode
-        rows of an up-to-date draft the policy keeps fresh (module docstring)."""
+        rows of an up-to-date draft while the policy keeps drafts fresh (`fresh`, asked once
+        per step; module docstring)."""
         if plan.policy_shape is not None:
             return plan.policy_shape
-        if self.policy.refreshes_prompts if prompt else \
-                (self.policy.keeps_draft_fresh(plan.batch_size) and req.draft_valid_len >= req.num_computed):
+        if self.policy.refreshes_prompts if prompt else (fresh and req.draft_valid_len >= req.num_computed):
             return self.policy.configured
         return None
 
@@ -125,6 +125,7 @@ class Scheduler:
         elif self.draft_sync:
             plan.policy_shape = self.policy.decide(plan.batch_size)
         self.decide_seconds += time.perf_counter() - t
+        fresh = plan.policy_shape is None and self.draft_sync and self.policy.keeps_draft_fresh(plan.batch_size)
         # Decode rows first, then prefill chunks: a running stream is never starved by a long
         # prompt (prefill rows get what the decode rows leave, capped by `_prefill_budget`).
         # Among prefills the oldest comes first (it always progresses), then the shortest
@@ -143,7 +144,7 @@ class Scheduler:
                 i += 1          # its last token is in flight; nothing left to compute
                 continue
             left = req.num_tokens - req.num_computed
-            refresh = self.may_refresh(req, self._refresh_shape(plan, req, prompt=left > 1))
+            refresh = self.may_refresh(req, self._refresh_shape(plan, req, left > 1, fresh))
             behind = req.num_computed - req.draft_valid_len if refresh else 0
             if (behind or left > 1) and prefill is None:
                 prefill, reserved = self._prefill_budget(plan, budget, reserve_for_new=True)
@@ -199,7 +200,7 @@ class Scheduler:
                 if self._twin_prefilling(req, plan):
                     break   # next step it shares the twin's prompt KV through the prefix cache
                 self._match_prefix(req)
-            refresh = self.may_refresh(req, self._refresh_shape(plan, req, prompt=True))
+            refresh = self.may_refresh(req, self._refresh_shape(plan, req, True, fresh))
             behind = req.num_computed - req.draft_valid_len if refresh else 0
             catchup = min(behind, prefill)
             num_new = min(req.num_tokens - req.num_computed, prefill - catchup) if catchup == behind else 0
