@@ -63,7 +63,7 @@ def run(config: str, prompts: list[str], args) -> dict:
     for _ in range(args.repeat):
         for p in prompts:
             out = llm.generate([p], params)
-            tokens += len(out[0].outputs[0].token_ids) if hasattr(out[0], "outputs") else len(out[0].token_ids)
+            tokens += len(out[0].token_ids)
     wall = time.perf_counter() - t0
     del eng.step
     st = llm.stats()

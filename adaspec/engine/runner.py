@@ -385,7 +385,7 @@ class ModelRunner:
                                  self.max_draft) if lay.tree and lay.drafting else None
         shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh]
         stg.commit()
-        count_launches(self.launch_counts, graph, post if lay.verify else False, chain, trees)
+        count_launches(self.launch_counts, graph, post, bool(lay.verify), chain, trees)
         plp = prompt_logprob_rows(plan, lay)
         prompt_lp = (plp, max(sched[i].req.params.prompt_logprobs for i, _, _, _ in plp)) if plp else None
         return lay, StepProgram(meta, ids_d, pos_d, graph, post, vb, bool(lay.verify), upd_d, fill, chain, trees,

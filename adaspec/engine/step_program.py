@@ -123,12 +123,13 @@ class ProgramCodec:
         return t
 
 
-def count_launches(counts, graph, post, chain, trees) -> None:
+def count_launches(counts, graph, post, verifies: bool, chain, trees) -> None:
     """Record how a launched step's parts run, as "<part>_graph" or "<part>_eager" counts in
-    `counts` (Engine.stats "launches"): the target forward, the post-forward (`post` False:
-    the step verifies nothing), chain drafts and trees (None: the step has none)."""
+    `counts` (Engine.stats "launches"): the target forward (`graph`: its CUDA graph or None),
+    the post-forward where the step `verifies` (`post`: its graph or None), chain drafts and
+    trees (None: the step has none)."""
     counts["target_graph" if graph is not None else "target_eager"] += 1
-    if post is not False:
+    if verifies:
         counts["post_graph" if post is not None else "post_eager"] += 1
     for name, part in (("chain", chain), ("tree", trees)):
         if part is not None:

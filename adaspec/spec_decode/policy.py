@@ -220,12 +220,19 @@ class AutoPolicy(SpeculationPolicy):
         the caller has them already)."""
         return 1.0 + sum((rates if rates is not None else self.rate_estimates())[:depth])
 
-    def catchup_fit(self) -> tuple[float, float] | None:
+    def catchup_fit(self) -> tuple[float, float]:
         """(fixed seconds, seconds per row) that prompt / catch-up rows add to a step: a line
         fitted to recent measurements where their row counts differ twofold or more (at batch 1
         3 catch-up rows added about what a 130-row prompt did, 5 ms, an eager step's fixed
-        cost), else per row alone (the median)."""
-        if self._catchup_fit is None and self.token_samples:
+        cost), else per row alone (the median); with no measurement yet, no fixed part and
+        the profile's per row, else a decode row's share of the largest timed decode batch."""
+        if not self.token_samples:
+            if self.profiled_token_time is not None:
+                return 0.0, self.profiled_token_time
+            pts = [(self.BUCKETS[k], t) for (d, k), t in self.times.items() if d == 0]
+            b, t = max(pts) if pts else (1, 0.0)
+            return 0.0, t / b
+        if self._catchup_fit is None:
             rows = [n for n, _ in self.token_samples]
             extra = [t for _, t in self.token_samples]
             per_row = sorted(t / n for n, t in self.token_samples)[len(rows) // 2]
@@ -241,26 +248,16 @@ class AutoPolicy(SpeculationPolicy):
 
     @property
     def token_time(self) -> float:
-        """Seconds a catch-up row adds to a step (beyond `catchup_fit`'s fixed part): fitted
-        to recent measurements, else the profile's, else a decode row's share of the largest
-        timed decode batch."""
-        if self.token_samples:
-            return self.catchup_fit()[1]
-        if self.profiled_token_time is not None:
-            return self.profiled_token_time
-        pts = [(self.BUCKETS[k], t) for (d, k), t in self.times.items() if d == 0]
-        if not pts:
-            return 0.0
-        b, t = max(pts)
-        return t / b
+        """Seconds a catch-up row adds to a step beyond the fixed part (`catchup_fit`)."""
+        return self.catchup_fit()[1]
 
     def resume_cost(self) -> float:
         """Seconds per step that speculating now owes for the catch-up (spread over
         `resume_horizon` steps)."""
         if not self.catchup_tokens:
             return 0.0
-        fixed = self.catchup_fit()[0] if self.token_samples else 0.0
-        return (fixed + self.catchup_tokens * self.token_time) / self.resume_horizon
+        fixed, per_row = self.catchup_fit()
+        return (fixed + self.catchup_tokens * per_row) / self.resume_horizon
 
     def goodputs(self, b: int) -> dict[int, float]:
         out, floor = {}, 0.0
@@ -406,7 +403,7 @@ class AutoPolicy(SpeculationPolicy):
             cost.setdefault(str(d), {})[self.BUCKETS[k]] = round(t * 1e3, 3)
         return {**super().describe(), "depth": self.depth, "catchup_tokens": self.catchup_tokens,
                 "catchup_token_us": round(self.token_time * 1e6, 3),
-                "catchup_fixed_us": round((self.catchup_fit() or (0.0, 0.0))[0] * 1e6, 3),
+                "catchup_fixed_us": round(self.catchup_fit()[0] * 1e6, 3),
                 "tau": [round(self.tau(d), 3) for d in range(self.max_depth + 1)],
                 "goodput": {d: round(v, 2) for d, v in self.last_goodputs.items()},
                 "step_ms": cost}   # the cost table: depth -> {batch bucket: ms}
