@@ -9,7 +9,7 @@ requests, then the held-out prompts (`tests/data/demo_heldout.jsonl`) one after 
 client at concurrency 1 sees it). `--rounds 2` runs the whole list twice in order, so two
 runs of one configuration show the noise. Per configuration: output tok/s, the ratio to the
 mean `off` of the run, acceptance length, the draft-length histogram, how the step parts
-ran (`launches`: graph or eager), and the median engine step time per draft length.
+ran (`launches`: graph or eager), the host's milliseconds per step by part, and the median engine step time per draft length.
 """
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ def run(config: str, prompts: list[str], args) -> dict:
         llm.generate([p], params)
     eng = llm.engine
     base = llm.stats()
+    host0, decide0, steps0 = dict(eng.host_times), eng.scheduler.decide_seconds, eng.counters["num_steps"]
     by_len: dict[int, list[float]] = defaultdict(list)
     step = eng.step
 
@@ -67,12 +68,16 @@ def run(config: str, prompts: list[str], args) -> dict:
     wall = time.perf_counter() - t0
     del eng.step
     st = llm.stats()
+    n = max(1, eng.counters["num_steps"] - steps0)
+    host = {k: round(1e3 * (v - host0.get(k, 0.0)) / n, 4) for k, v in eng.host_times.items()}
+    host["decide"] = round(1e3 * (eng.scheduler.decide_seconds - decide0) / n, 4)
     launches = {k: v - base.get("launches", {}).get(k, 0) for k, v in st.get("launches", {}).items()}
     hist = {int(k): v - base["draft_len_histogram"].get(k, 0) for k, v in st["draft_len_histogram"].items()}
     res = {"config": config, "tok_s": tokens / wall, "tokens": tokens, "seconds": wall,
            "accept_length": st.get("accept_length"), "draft_len_histogram": hist, "launches": launches,
            "median_step_ms": {d: statistics.median(v) for d, v in sorted(by_len.items())},
-           "steps": {d: len(v) for d, v in sorted(by_len.items())}, "policy_state": st.get("policy_state")}
+           "steps": {d: len(v) for d, v in sorted(by_len.items())}, "host_ms_per_step": host,
+           "policy_state": st.get("policy_state")}
     del llm
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -100,7 +105,7 @@ def main() -> None:
             res["round"] = r
             runs.append(res)
             print(f"round {r} {c:10s} {res['tok_s']:8.1f} tok/s  acc {res['accept_length']}  "
-                  f"hist {res['draft_len_histogram']}  step ms {res['median_step_ms']}  launches {res['launches']}",
+                  f"hist {res['draft_len_histogram']}  step ms {res['median_step_ms']}  launches {res['launches']}  host ms {res['host_ms_per_step']}",
                   flush=True)
     off = [x["tok_s"] for x in runs if x["config"] == "off"]
     ref = statistics.mean(off) if off else None
