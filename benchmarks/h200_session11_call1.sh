@@ -6,11 +6,11 @@
 # the device's busy time per step.
 . benchmarks/device_preamble.sh call1
 mkdir -p $R/prof
-part 170 served python3 -m adaspec.cli compare --configs "off,auto,always" \
+part 150 served python3 -m adaspec.cli compare --configs "off,auto,always" \
     --concurrency 1 --dataset tests/data/demo_heldout.jsonl --output-len 128 --num-prompts 48 --num-warmup 2 \
     --num-steps 4 --device cuda --out-dir $R/served
 tail -n 8 $R/served.log; grep -h "shutdown" $R/served/server-*.log | cut -c1-900
-ADASPEC_ENGINE_PROFILE=$R/prof/engine part 130 served_prof python3 -m adaspec.cli compare --configs "auto,always" \
+ADASPEC_ENGINE_PROFILE=$R/prof/engine part 120 served_prof python3 -m adaspec.cli compare --configs "auto,always" \
     --concurrency 1 --dataset tests/data/demo_heldout.jsonl --output-len 128 --num-prompts 48 --num-warmup 2 \
     --num-steps 4 --device cuda --out-dir $R/served_prof
 tail -n 5 $R/served_prof.log
@@ -21,7 +21,7 @@ import pstats,sys
 s=pstats.Stats(sys.argv[1]); s.sort_stats('tottime').print_stats(35); s.sort_stats('cumulative').print_stats(45)" $p > $f.pstats 2>&1
   echo "== $f"; head -c 5000 $f.pstats | sed -n 1,60p
 done
-part 90 profile_table python3 - <<'PY'
+part 60 profile_table python3 - <<'PY'
 import torch
 from adaspec import LLM
 from adaspec.demo import DEMO_HEAD, DEMO_TARGET
@@ -33,6 +33,6 @@ for rep in range(3):
     out = profile_step_times(eng, eng.policy.shapes, max_batch=8, repeats=4)
     print(rep, {str(k): round(v * 1e3, 3) for k, v in sorted(out.items(), key=str)}, flush=True)
 PY
-part 150 offline python3 benchmarks/demo_c1.py --configs off,chain4,auto --rounds 1 --repeat 2 --out $R/demo_c1.json
-part 120 host python3 benchmarks/host_profile.py --model demo --configs off,chain4,auto --kernels --out $R/host_demo.json
+part 100 offline python3 benchmarks/demo_c1.py --configs off,chain4,auto --rounds 1 --repeat 1 --out $R/demo_c1.json
+part 80 host python3 benchmarks/host_profile.py --model demo --configs chain4,auto --kernels --out $R/host_demo.json
 grep -h "step\|busy" $R/host.log | head -20
