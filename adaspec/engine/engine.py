@@ -69,9 +69,9 @@ def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vo
 class Engine:
     """The step loop over a scheduler (which decides) and a runner (which executes). `runner`
     is built from `cfg` unless given: any object with ModelRunner's surface (`setup`,
-    `launch`, `finish`, `collect`, `plans_ahead`, `last_step_time`, `last_wait`, `num_blocks`, `model_spec`, `draft`,
-    `device`, `backend`, `graphs`), which is how the scheduler/KV invariant tests drive this
-    very loop without a model."""
+    `launch`, `finish`, `collect`, `plans_ahead`, `last_step_time`, `last_wait`, `num_blocks`,
+    `model_spec`, `draft`, `device`, `backend`, `graphs`, `launch_counts`, `pdl`), which is how
+    the scheduler/KV invariant tests drive this very loop without a model."""
 
     def __init__(self, cfg: EngineConfig, runner: ModelRunner | None = None):
         self.config = cfg
@@ -397,6 +397,7 @@ class Engine:
             "cuda_graph_memory_bytes": self.runner.graphs.memory_bytes if self.runner.graphs else 0,
             "num_stalled_steps": self.num_stalled_steps,
             "launches": dict(sorted(self.runner.launch_counts.items())),
+            "pdl": self.runner.pdl,   # programmatic dependent launch, chosen per model (layers/pdl.py)
             "host_ms_per_step": {k: round(1e3 * v / max(1, self.counters["num_steps"]), 4)
                                  for k, v in sorted({**self.host_times,
                                                      "decide": self.scheduler.decide_seconds}.items())},

@@ -41,6 +41,7 @@ import torch
 from adaspec.config import EngineConfig
 from adaspec.device.select import resolve_backend, resolve_device
 from adaspec.device.landing import Landing
+from adaspec.device.marks import StepMarks
 from adaspec.device.shift import Shift
 from adaspec.device.staging import Staging
 from adaspec.engine.cuda_graph import CudaGraphs, GraphInputs
@@ -56,6 +57,7 @@ from adaspec.engine.penalty_step import attach_logprobs, attach_prompt_logprobs,
     prompt_logprobs
 from adaspec.engine.step_program import ProgramCodec, StepProgram, count_launches, phase
 from adaspec.engine.verify_step import PostForward, read_out_rows, stage_verify, verify_inputs
+from adaspec.layers import pdl
 from adaspec.layers.attention import ForwardContext, forward_context, get_backend
 from adaspec.models.loader import load_model
 from adaspec.parallel import Shard, TPGroup
@@ -108,6 +110,10 @@ class ModelRunner:
         self.draft = None
         if cfg.spec.enabled:
             phase(tp, self._load_draft)
+        # Programmatic dependent launch for a model the device waits on, not for one that waits
+        # on the host (layers/pdl.py); chosen before any kernel is compiled or graph captured.
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.pdl = pdl.choose(weight_bytes) and pdl.enabled(torch.empty(0, device=self.device))
         self.model.capture = self.draft.aux_layers if self.draft is not None else ()
         ms = self.local_spec   # this rank's heads (all of them without tensor parallelism)
         self.group = ms.num_heads // ms.num_kv_heads
@@ -125,6 +131,7 @@ class ModelRunner:
         self.graphs: CudaGraphs | None = None
         self.chain = self.trees = None
         self.max_model_len = 0
+        self.marks = StepMarks(self.device)   # the steps' timing marks (`launch`, `finish`)
         self.last_step_time = 0.0
         self.last_wait = 0.0   # seconds `collect` was blocked on the device (engine.step_clock)
         self.prev_speculative = False   # the last launched step verified drafts
@@ -254,7 +261,7 @@ class ModelRunner:
         with CUDA events: one enqueued at the start fires when the stream reaches it, so the
         span counts host preparation only while the device waits for it (right under overlap).
         A step with a grammar is queued up to its target forward: `finish` queues the rest."""
-        timer = self._timer_mark()
+        timer = self.marks.mark()
         lay, prog = self._prepare(plan)
         self.prev_speculative = plan.speculative
         with self._tp_step():
@@ -280,7 +287,7 @@ class ModelRunner:
         if fwd[3] is not None:   # the step's prompt logprobs (eager: a tensor of their own)
             rows, t = fwd[3]
             step.prompt_lp = (rows, t.to("cpu", non_blocking=True))
-        step.out, step.lp, step.end = self._out_host.take(out), self._lp_host.take(lp), self._timer_mark()
+        step.out, step.lp, step.end = self._out_host.take(out), self._lp_host.take(lp), self.marks.mark()
 
     def collect(self, step: Launched) -> list[StepResult]:
         """Wait for a launched step and return its results (one per scheduled request);
@@ -303,14 +310,6 @@ class ModelRunner:
         if step.prompt_lp is not None:
             attach_prompt_logprobs(step.plan, step.prompt_lp, results)
         return results
-
-    def _timer_mark(self):
-        """A point in the stream (a recorded CUDA event), or the wall clock on CPU."""
-        if self.device.type == "cuda":
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
 
     def _tp_step(self):
         """Rank 0 of a tensor-parallel engine: a step's part where a dead worker shows (as an

@@ -11,7 +11,14 @@ launch. CUDA graphs capture the dependency as a programmatic edge.
 Contract for a kernel taking part: a `USE_GDC: tl.constexpr = False` parameter, `gdc_enter(USE_GDC)`
 as its first statement, and its launch splats `launch_kw(tensor)`. Kernels launched without PDL (cuBLAS, torch's) are
 serialized as always; a PDL kernel after one of them waits for its completion the same way.
-ADASPEC_PDL=0 turns it off (the A/B of benchmarks/gpu_fast_path.py runs).
+
+PDL is not free on the host: a CUDA graph with programmatic edges takes about twice the host
+time to launch (H200, the demo pair's graphs at batch 1: 41-47 us against 21-36 us a replay,
+benchmarks/launch_anatomy.py). Where the device waits for the host anyway (a small model, whose
+step is mostly launch work) that is pure loss; where the host waits for the device (an 8B
+model: a batch-1 decode step 4.48 -> 4.30 ms with PDL) it pays. So the engine chooses per
+model (`choose`: by the bytes of weights one step reads on this GPU). ADASPEC_PDL=0 / =1 forces
+it off / on (the A/B of benchmarks/gpu_fast_path.py runs).
 """
 from __future__ import annotations
 
@@ -32,10 +39,41 @@ def _supported(index: int) -> bool:
         and torch.cuda.get_device_capability(index)[0] >= 9
 
 
+# A model whose weights on one GPU take at least this many bytes reads them for about a
+# millisecond or more per decode step (H200: 4.8 TB/s), more than a step's host work at batch 1
+# (0.5-2 ms on the device's host): the device sets the pace, and PDL's overlap pays.
+DEVICE_BOUND_BYTES = 4 << 30
+
+_chosen: bool | None = None   # the engine's choice (`choose`); None: none made (kernel tests: on)
+
+
+def forced() -> bool | None:
+    """ADASPEC_PDL=0 / =1: off / on whatever the model; None when unset (the engine chooses)."""
+    v = os.environ.get("ADASPEC_PDL")
+    return None if v is None else v != "0"
+
+
+def choose(weight_bytes: int) -> bool:
+    """Choose PDL for this process's launches from the bytes of target weights one GPU reads per
+    step (the engine calls it once its model is loaded, before any graph is captured):
+    on for a device-bound model (>= DEVICE_BOUND_BYTES), off for a host-bound one; ADASPEC_PDL
+    overrides. Returns the choice (whether it takes effect still depends on the GPU, `enabled`).
+    Launches of any mix are correct: a kernel built for PDL but launched without it waits for
+    nothing it would not have waited for anyway."""
+    global _chosen
+    f = forced()
+    _chosen = f if f is not None else weight_bytes >= DEVICE_BOUND_BYTES
+    return _chosen
+
+
 def enabled(t: torch.Tensor) -> bool:
     """Whether launches over tensors on `t`'s device use PDL: a CUDA device of compute
-    capability 9 or more, not the Triton interpreter, not turned off by ADASPEC_PDL=0."""
-    if t.device.type != "cuda" or os.environ.get("ADASPEC_PDL", "1") == "0":
+    capability 9 or more, not the Triton interpreter, chosen for the model (`choose`) or forced
+    by ADASPEC_PDL."""
+    if t.device.type != "cuda":
+        return False
+    f = forced()
+    if f is False or (f is None and _chosen is False):
         return False
     if os.environ.get("TRITON_INTERPRET") == "1":
         return False

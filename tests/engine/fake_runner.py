@@ -40,6 +40,7 @@ class FakeRunner:
         self.inflight = None
         self.launches = 0
         self.launch_counts = {}
+        self.pdl = False
 
     def setup(self, max_model_len: int) -> None:
         pass

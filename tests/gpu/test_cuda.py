@@ -30,7 +30,11 @@ def models(tmp_path_factory):
     return out
 
 
-def test_cuda_greedy_lossless_chain_and_tree(models):
+@pytest.mark.parametrize("pdl", ["0", "1"])
+def test_cuda_greedy_lossless_chain_and_tree(models, monkeypatch, pdl):
+    """Lossless with programmatic dependent launch forced off and on (a tiny model alone
+    would choose it off: layers/pdl.py), every kernel, graph and eager path of the step."""
+    monkeypatch.setenv("ADASPEC_PDL", pdl)
     d, h = models["llama"]
     prompts = [[(7 * i + j) % 300 + 3 for j in range(5 + 3 * i)] for i in range(6)]
     sp = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
@@ -42,6 +46,7 @@ def test_cuda_greedy_lossless_chain_and_tree(models):
         assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
         st = llm.stats()
         assert st["num_free_blocks"] == st["num_total_blocks"] and st["verify_steps"] > 0
+        assert st["pdl"] == (pdl == "1" and torch.cuda.get_device_capability()[0] >= 9)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
@@ -135,7 +140,7 @@ def test_cuda_no_kernel_compiles_while_serving(models):
 
     kernels = [tk._paged_attn_kernel, tk._split_reduce_kernel, fused_ops._rms_norm_kernel,
                fused_ops._silu_and_mul_kernel, fused_ops._rotary_qkv_store_kernel,
-               shift_kernels._shift_entries_kernel, shift_kernels._shift_slots_kernel]
+               shift_kernels._shift_kernel]
     if not all(hasattr(k, "device_caches") for k in kernels):
         pytest.skip("this Triton keeps its kernel caches elsewhere")
 
