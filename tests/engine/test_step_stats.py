@@ -21,3 +21,23 @@ def test_launches_and_host_times_count_every_step(agree_dir, trained_head):
     assert set(host) == {"schedule", "launch", "collect", "postprocess", "observe", "decide"}
     assert all(v > 0 for v in host.values()), host
     assert host["decide"] <= host["schedule"]          # the decision is part of scheduling
+    assert st["pdl"] is False                          # no programmatic dependent launch off a GPU
+
+
+def test_step_marks_are_reused_in_turn():
+    """device.marks.StepMarks: wall-clock marks on the CPU; on CUDA a ring of events recorded
+    on the steps' stream, each valid for `ring` marks (the engine reads a step's two marks
+    within two steps)."""
+    import torch
+
+    from adaspec.device.marks import StepMarks
+
+    cpu = StepMarks(torch.device("cpu"))
+    a, b = cpu.mark(), cpu.mark()
+    assert isinstance(a, float) and b >= a
+    if torch.cuda.is_available():
+        m = StepMarks(torch.device("cuda"), ring=4)
+        evs = [m.mark() for _ in range(5)]
+        assert evs[4] is evs[0] and len({id(e) for e in evs[:4]}) == 4
+        evs[3].synchronize()
+        assert evs[2].elapsed_time(evs[3]) >= 0
