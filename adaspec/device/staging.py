@@ -159,7 +159,7 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
     bq = backend.block_q(max(1, max_q), group, n)
     prog_req, prog_q0 = launch_plan(q_lens, bq)
     ids = _put(stg, input_ids, torch.int64)[1] if input_ids is not None else None
-    pos_h, pos = _put(stg, positions, torch.int64)
+    pos = _put(stg, positions, torch.int64)[1]
     slot = _put(stg, slots, torch.int64)[1]
     ci_h, ci = _put(stg, cache_index, torch.int32)
     # Rows of the per-request and per-program tables start on 16-byte boundaries: Triton
@@ -191,8 +191,8 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
         ri, rr = (np.asarray(a, dtype=np.int64) for a in shift_rows)   # converted once, used thrice
         shift.add(pos, ri, rr)
         shift.add(ci, ri, rr)
-        # A row's slot is that of its cache index, `cache_index - position` past its position.
-        shift.add_slots(slot, ri, pos, ri, ci_h[ri] - pos_h[ri], rr)
+        # A row's slot is that of its (shifted) cache index.
+        shift.add_slots(slot, ri, ci_h[ri], rr)
         qi, qr = (np.asarray(a, dtype=np.int64) for a in shift_reqs)
         shift.add(per_req, qi, qr)                    # ctx_len
         shift.add(per_req, 3 * n4 + qi, qr)           # mask_start
@@ -252,7 +252,7 @@ def stage_decode_steps(stg: Staging, backend, block_table: torch.Tensor, block_s
         e2 = (steps * b2 + qi).reshape(-1)
         shift.add(pos, e2, rows)
         shift.add(ci, (steps * n4 + qi).reshape(-1), rows)
-        shift.add_slots(slot, e2, pos, e2, 1, rows)   # a row's slot is that of position + 1
+        shift.add_slots(slot, e2, np.asarray(cache_index)[:, qi].reshape(-1), rows)
         shift.add(per_req, (steps * 5 * n4 + qi).reshape(-1), rows)            # ctx_len
         shift.add(per_req, (steps * 5 * n4 + 3 * n4 + qi).reshape(-1), rows)   # mask_start
 

@@ -157,7 +157,7 @@ def stage_refresh_meta(stg: Staging, batch: RefreshBatch, e: RefreshEntries, shi
     if shift is not None and e.moved:   # the slot is that of position + 1
         idx = np.asarray(e.moved, dtype=np.int64)
         shift.add(batch.fields["position"], idx, e.moved_rows)
-        shift.add_slots(batch.fields["slot"], idx, batch.fields["position"], idx, 1, e.moved_rows)
+        shift.add_slots(batch.fields["slot"], idx, e.position[idx] + 1, e.moved_rows)
     if num_layers > 1:
         # Layers above the first attend: each request's pairs form a causal run of rows at
         # cache indices p + 1 (rows past the accepted length write nothing and no valid row
