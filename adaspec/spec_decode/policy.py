@@ -166,6 +166,8 @@ class AutoPolicy(SpeculationPolicy):
         self.times = CostTable()                                  # (depth, bucket) -> seconds
         self.samples: dict[tuple[int, int], deque] = {}           # the recent step times behind each
         self.profiled: set[tuple[int, int]] = set()   # entries still the start-up profile's (see warm_up)
+        self.sampled_at: dict[tuple[int, int], int] = {}   # entry -> the observed step that last sampled it
+        self.num_observed = 0
         self.window = window
         self.depth = 0
         self.steps_since_spec = 0
@@ -260,18 +262,24 @@ class AutoPolicy(SpeculationPolicy):
         return (fixed + self.catchup_tokens * per_row) / self.resume_horizon
 
     def goodputs(self, b: int) -> dict[int, float]:
-        out, floor = {}, 0.0
+        out, shallower = {}, []
         owed = self.resume_cost()
         rates = self.rate_estimates()   # once per decision (a decision is host time of every step)
+        k = self.bucket(b)
         for d in range(self.max_depth + 1):
             t = self.step_time(b, d)
             if t is not None and d > 0:
                 t += owed
             if t is not None and t > 0:
                 # Deeper drafts do strictly more work: never believe a noisy table that says
-                # they are cheaper than a shallower one.
-                floor = max(floor, t)
-                out[d] = b * self.tau(d, rates) / floor
+                # they are cheaper than a shallower one, unless the deeper figure was measured
+                # after it. A shallower depth runs only in probes, and its figure can be long
+                # stale: on the H200 (session 12) depth 3's 1.79 ms from a probe priced the
+                # depth-4 chain running at 1.28 ms out, and `auto` sat at 0 (0.67x off).
+                at = self.sampled_at.get((d, k), -1)
+                cost = max([t] + [te for te, ae in shallower if ae >= at])
+                shallower.append((t, at))
+                out[d] = b * self.tau(d, rates) / cost
         return out
 
     def keeps_draft_fresh(self, batch_size: int) -> bool:
@@ -359,6 +367,7 @@ class AutoPolicy(SpeculationPolicy):
         return (tau + reach * (deeper - depth)) / t1 > tau / t0
 
     def observe(self, fb: StepFeedback) -> None:
+        self.num_observed += 1
         depth = len(fb.drafted_per_position)
         probe = depth in self.probes
         self.probes.discard(depth)
@@ -395,6 +404,7 @@ class AutoPolicy(SpeculationPolicy):
             self.samples.pop(key, None)
         recent = self.samples.setdefault(key, deque(maxlen=self.window))
         recent.append(t)
+        self.sampled_at[key] = self.num_observed
         self.times[key] = min(recent)
 
     def describe(self) -> dict:

@@ -473,3 +473,27 @@ def test_auto_keeps_the_draft_fresh_only_near_its_break_even():
     assert far.decide(64) is None and not far.keeps_draft_fresh(64)
     fresh = auto_policy()
     assert not fresh.keeps_draft_fresh(1)   # nothing decided yet
+
+
+def test_auto_believes_a_deeper_figure_measured_after_a_shallower_one():
+    """The cost table's floor (a deeper draft never costs less than a shallower one) binds only
+    with figures at least as fresh. Session 12 on the H200: depth 3's 1.79 ms, a probe's figure,
+    priced the depth-4 chain that ran at 1.28 ms out, and `auto` sat at 0 (0.67x off)."""
+    pol = auto_policy()
+
+    def timed(d, t):   # a step of depth d (drafts all accepted: acceptance is not the point)
+        pol.observe(StepFeedback(batch_size=1, num_tokens=d + 1, draft_len=d, step_time=t,
+                                 accepted_per_position=(1,) * d, drafted_per_position=(1,) * d))
+
+    timed(0, 0.00068)
+    timed(1, 0.00172)
+    timed(3, 0.00179)          # stale figures of shallower depths
+    for _ in range(5):
+        timed(4, 0.00128)      # the depth in use, measured since
+    g = pol.goodputs(1)
+    assert g[4] == pytest.approx(pol.tau(4) / 0.00128)   # its own figure, not depth 3's
+    assert g[3] == pytest.approx(pol.tau(3) / 0.00179)
+    assert max(g, key=g.get) == 4
+    # A shallower figure measured after the deeper one still bounds it (noise protection).
+    timed(3, 0.00150)
+    assert pol.goodputs(1)[4] == pytest.approx(pol.tau(4) / 0.00150)
