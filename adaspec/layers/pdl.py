@@ -13,7 +13,7 @@ as its first statement, and its launch splats `launch_kw(tensor)`. Kernels launc
 serialized as always; a PDL kernel after one of them waits for its completion the same way.
 
 PDL is not free on the host: a CUDA graph with programmatic edges takes about twice the host
-time to launch (H200, the demo pair's graphs at batch 1: 41-47 us against 21-36 us a replay,
+time to launch (H200, the demo pair's graphs at batch 1: 41-49 us against 21-36 us a replay,
 benchmarks/launch_anatomy.py). Where the device waits for the host anyway (a small model, whose
 step is mostly launch work) that is pure loss; where the host waits for the device (an 8B
 model: a batch-1 decode step 4.48 -> 4.30 ms with PDL) it pays. So the engine chooses per
