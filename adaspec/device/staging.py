@@ -12,7 +12,6 @@ nothing of requests, plans or speculation; the engine and the drafters build on 
 """
 from __future__ import annotations
 
-import functools
 import math
 from itertools import accumulate
 
@@ -207,85 +206,11 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
     return meta, (ids.t if ids is not None else None), pos.t
 
 
-def stage_decode_steps(stg: Staging, backend, block_table: torch.Tensor, block_size: int, group: int, *,
-                       ctx_len: np.ndarray, kv_start, req_row, positions: np.ndarray, cache_index: np.ndarray,
-                       slots: np.ndarray, max_ctx_len: list[int], shift=None, shift_reqs=None) -> list:
-    """Stage K forwards of one query row per request at once (chain draft steps): the per-step
-    arrays are [K, B] and go in as one field each, so K forwards cost what one does on the
-    host (`kv_start` and `req_row` [B] or one int, the same in every step; each step's
-    mask_start = its ctx_len). Returns [(AttnMeta, positions)] per step, each step's fields views of row k (rows
-    start on 16-byte boundaries, see `stage_forward`); the views are built once per layout
-    (`Staging.derive`). With `shift`, the requests
-    `shift_reqs` = (request indices, device rows) are corrected on the device in every step."""
-    K, B = positions.shape
-    b2, n4 = -(-B // 2) * 2, _pad4(B)
-    bq = backend.block_q(1, group, B)   # >= 1: one program per request (launch_plan)
-
-    def field(a, width, dtype):
-        h, ref = stg.reserve((K, width), dtype)
-        h[:, :B] = a
-        h[:, B:] = 0
-        return ref
-
-    pos = field(positions, b2, torch.int64)
-    slot = field(slots, b2, torch.int64)
-    ci = field(cache_index, n4, torch.int32)
-    rq, per_req = stg.reserve((K, 5, n4), torch.int32)
-    rq[:, 0, :B] = ctx_len
-    rq[:, 1, :B] = kv_start
-    rq[:, 2, :B] = req_row
-    rq[:, 3, :B] = rq[:, 0, :B]
-    rq[:, 4, :B] = 0
-    rq[:, :, B:] = 0
-    qs, q_start = stg.reserve((B + 1,), torch.int32)
-    qs[:] = _arange(B + 1)
-    pg_h, progs = stg.reserve((2, n4), torch.int32)
-    pg_h[0, :B] = _arange(B)
-    pg_h[0, B:] = 0
-    pg_h[1] = 0
-    m_h, m = stg.reserve((1,), torch.uint8)
-    m_h[0] = 0
-    if shift is not None:
-        qi, qr = np.asarray(shift_reqs[0], dtype=np.int64), list(shift_reqs[1])
-        steps = np.arange(K)[:, None]
-        rows = qr * K
-        e2 = (steps * b2 + qi).reshape(-1)
-        shift.add(pos, e2, rows)
-        shift.add(ci, (steps * n4 + qi).reshape(-1), rows)
-        shift.add_slots(slot, e2, np.asarray(cache_index)[:, qi].reshape(-1), rows)
-        shift.add(per_req, (steps * 5 * n4 + qi).reshape(-1), rows)            # ctx_len
-        shift.add(per_req, (steps * 5 * n4 + 3 * n4 + qi).reshape(-1), rows)   # mask_start
-
-    def views():   # per step: (positions, cache index, slots, per-request rows); shared fields
-        per_step = [(pos.t[k, :B], ci.t[k, :B], slot.t[k, :B], tuple(per_req.t[k, :, :B])) for k in range(K)]
-        return per_step, (q_start.t, m.t, progs.t[0, :B], progs.t[1, :B])
-
-    per_step, (q_start_t, m_t, prog_req, prog_q0) = stg.derive(
-        ("decode", pos.start, slot.start, ci.start, per_req.start, q_start.start, progs.start, m.start, K, B), views)
-    out = []
-    for k, (pos_t, ci_t, slot_t, pr) in enumerate(per_step):
-        meta = AttnMeta(
-            positions=pos_t, cache_index=ci_t, slot_mapping=slot_t, query_start=q_start_t,
-            ctx_len=pr[0], kv_start=pr[1], req_row=pr[2], mask_start=pr[3], mask_offset=pr[4],
-            block_table=block_table, mask=m_t, prog_req=prog_req, prog_q0=prog_q0, block_q=bq,
-            block_size=block_size, max_q_len=1, max_ctx_len=max_ctx_len[k])
-        out.append((meta, pos_t))
-    return out
-
-
 def _put(stg: Staging, values, dtype: torch.dtype) -> tuple[np.ndarray, _Ref]:
     """Stage a 1-D list or array; (its host view, its handle)."""
     h, ref = stg.reserve((len(values),), dtype)
     h[:] = np.asarray(values, dtype=h.dtype)   # (numpy converts a list faster this way than in an assignment)
     return h, ref
-
-
-@functools.lru_cache(maxsize=1024)
-def _arange(n: int) -> np.ndarray:
-    """np.arange(n), read-only and shared (a step asks for a few lengths, again and again)."""
-    a = np.arange(n, dtype=np.int64)
-    a.flags.writeable = False
-    return a
 
 
 def _pad4(n: int) -> int:

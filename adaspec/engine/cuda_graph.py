@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from adaspec.device.chain_steps import ChainSteps
 from adaspec.engine.draft_refresh import refresh_entries
 from adaspec.engine.step_layout import ForwardInputs, StepLayout, stage_forward_inputs
 from adaspec.engine.verify_step import stage_verify, verify_inputs
@@ -85,17 +86,14 @@ class _PostGraph:
 
 
 class _DraftGraph:
-    """K chain draft steps for `batch` rows: static inputs (hidden, token), static drafts."""
+    """K chain draft steps for `batch` rows, their metadata and inputs derived inside the
+    graph from the inputs staged at the start of the drafters' buffer (`ChainDrafter.stage`);
+    static drafts [batch, K]."""
 
-    def __init__(self, batch: int, graph, h0, tok0, out):
-        self.batch, self.graph, self.h0, self.tok0, self.out = batch, graph, h0, tok0, out
+    def __init__(self, batch: int, graph, out):
+        self.batch, self.graph, self.out = batch, graph, out
 
-    def run(self, hidden: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, roots: torch.Tensor) -> torch.Tensor:
-        """The drafts from (hidden[rows], ids[roots]), gathered straight into the static inputs
-        (one op each instead of a gather and a copy: host time of every speculative step)."""
-        n = rows.shape[0]
-        torch.index_select(hidden, 0, rows, out=self.h0[:n])
-        torch.index_select(ids, 0, roots, out=self.tok0[:n])
+    def replay(self) -> torch.Tensor:
         self.graph.replay()
         return self.out
 
@@ -279,12 +277,10 @@ class CudaGraphs:
     @torch.inference_mode()
     def _capture_draft(self, b: int, k: int) -> _DraftGraph:
         g = self.g
-        # b padding requests, laid out as `ChainDrafter.stage` lays out a step's chains
-        steps = g.chain.stage_steps(g.draft_stg, np.full(b, 2, np.int64), [None] * b, [0] * b, [g.pad_row] * b, k,
-                                    max_ctx_len=g.max_model_len)   # kernels size split-KV for the longest context
-        h0, tok0 = self._draft_inputs(b)
-        graph, out = self._record(lambda: g.chain.draft(h0, tok0, steps))
-        return _DraftGraph(b, graph, self._h0, self._tok0, out)
+        # b padding requests, staged where `ChainDrafter.stage` stages a step's chains
+        inputs = ChainSteps.stage_padding(g.draft_stg, b, g.pad_row)
+        graph, out = self._record(lambda: g.chain.propose(inputs.t, k, g.max_model_len))  # split-KV: the longest
+        return _DraftGraph(b, graph, out)
 
     @torch.inference_mode()
     def _capture_tree(self, b: int, shape) -> _TreeGraph:

@@ -5,7 +5,8 @@ target forward's input ids (trees: positions and tree mask too) and the verify b
 
 Draft-cache layout: the pair (hidden_p, token_{p+1}) lives at draft slot p + 1 with rotary
 position p; slot 0 is never read (kv_start = 1). Chain step i of a request with n tokens feeds
-the pair at cache index n-1+i, rotary position n-2+i, and sees keys 1 .. n-1+i.
+the pair at cache index n-1+i, rotary position n-2+i, and sees keys 1 .. n-1+i: metadata the
+device derives from (row, n, depth) itself (`device.chain_steps`).
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from adaspec.device.chain_steps import DEVICE_TOKEN, REAL, SHIFTED, ChainSteps
 from adaspec.device.shift import Shift
-from adaspec.device.staging import Staging, stage_decode_steps
+from adaspec.device.staging import Staging
 from adaspec.layers.attention import ForwardContext, forward_context
 from adaspec.spec_decode.drafter import TreeDrafter
 
@@ -43,88 +45,74 @@ def stage_routes(stg: Staging, lay, rows: list[int], K: int) -> DraftRoutes:
 
 @dataclass
 class ChainBatch:
-    steps: list            # (AttnMeta, positions) per draft step, in the drafter's own buffer
+    inputs: object         # staged [INPUTS, b] in the drafters' buffer (device.chain_steps)
     graph: object          # a captured draft graph of this batch bucket and K, or None
-    B: int                 # drafting requests
-    routes: DraftRoutes
+    B: int                 # drafting requests (the first B of the b staged)
+    K: int                 # draft steps
+    max_ctx_len: int       # host bound of the steps' contexts (eager split-KV sizing)
+    vidx: object           # staged [B]: each drafting request's verify index
+    draft_rows: object     # staged [B, K]: its K draft rows in the target forward
 
 
 class ChainDrafter:
-    """K greedy draft forwards per drafting request."""
+    """K greedy draft forwards per drafting request. The host stages five numbers per request;
+    the steps' metadata and the draft's inputs are derived on the device (`ChainSteps`), by
+    the draft graph itself when one is replayed."""
 
-    def __init__(self, head, backend, cache: list, block_table: torch.Tensor, pad_row: int, block_size: int,
-                 group: int):
-        self.head, self.backend, self.cache = head, backend, cache
-        self.block_table, self.pad_row, self.block_size, self.group = block_table, pad_row, block_size, group
+    def __init__(self, head, steps: ChainSteps, cache: list, pad_row: int):
+        self.head, self.steps, self.cache, self.pad_row = head, steps, cache, pad_row
+        self.backend = steps.backend
 
-    def stage_steps(self, stg: Staging, ns: np.ndarray, blocks: list, depth: list, rows: list, K: int,
-                    max_ctx_len: int | None = None, shift: Shift | None = None, moved=(), slack: int = 0) -> list:
-        """Stage K draft steps (begun and committed here) for requests with `ns` tokens; a
-        request whose `blocks` is None is padding (no keys, writes nothing, ns = 2 keeps its
-        positions >= 0). `max_ctx_len` overrides the bound (graph capture: the longest context).
-        The steps' metadata goes to the drafter's own static buffer, laid out per (batch, K)
-        so that a captured draft graph finds it; all K steps are staged as one (`stage_decode_steps`)."""
-        bs, B = self.block_size, len(ns)
-        st = np.arange(K, dtype=np.int64)[:, None]
-        cidx = ns[None, :] - 1 + st                                   # [K, B]
-        ctx = cidx + 1
-        if None in blocks:   # padding: no keys
-            ctx *= np.array([b is not None for b in blocks])
-        # Step k writes the pair at cache index n-1+k, for the request's own depth only.
-        none = [-1] * K
-        slots = np.array([none if blk is None else
-                          [blk[c // bs] * bs + c % bs for c in range(n - 1, n - 1 + min(K, d))] + none[:max(0, K - d)]
-                          for blk, n, d in zip(blocks, ns.tolist(), depth)], dtype=np.int64).reshape(B, K).T
-        if max_ctx_len is not None:
-            bound = [max_ctx_len] * K
-        else:   # the longest context of each step (0 when every request is padding)
-            top = max((n for n, b in zip(ns.tolist(), blocks) if b is not None), default=None)
-            bound = [(0 if top is None else top + k) + slack for k in range(K)] if B else [0] * K
-        stg.begin()
-        steps = stage_decode_steps(stg, self.backend, self.block_table, bs, self.group, ctx_len=ctx,
-                                   kv_start=1, req_row=rows, positions=cidx - 1,
-                                   cache_index=cidx, slots=slots, max_ctx_len=bound, shift=shift if moved else None,
-                                   shift_reqs=(list(moved), [rows[k] for k in moved]))
-        stg.commit()
-        return steps
-
-    def stage(self, stg: Staging, dstg: Staging, plan, lay, rows: list[int], graphs, shift: Shift | None,
-              slack: int) -> ChainBatch:
-        """Stage the chains of the step's drafting requests, padded to a captured graph's batch."""
-        spec = lay.drafting
+    def stage(self, stg: Staging, dstg: Staging, plan, lay, rows: list[int], graphs, slack: int) -> ChainBatch:
+        """Stage the chains of the step's drafting requests, padded to a captured graph's batch
+        (`slack`: the most a step in flight may move a shifted request)."""
+        spec, reqs = lay.drafting, lay.reqs
         K, B = lay.N - 1, len(spec)
         graph = graphs.draft_graph(B, K) if graphs is not None else None
-        pad = (graph.batch if graph is not None else B) - B
-        reqs = [plan.scheduled[i].req for i in spec]
-        moved = [k for k, r in enumerate(reqs) if r.pending] if shift is not None else []
-        steps = self.stage_steps(
-            dstg, np.array([r.num_tokens for r in reqs] + [2] * pad, dtype=np.int64),
-            [r.block_ids for r in reqs] + [None] * pad, [lay.reqs[i].depth for i in spec] + [0] * pad,
-            [rows[i] for i in spec] + [self.pad_row] * pad, K, shift=shift, moved=moved, slack=slack if moved else 0)
-        return ChainBatch(steps, graph, B, stage_routes(stg, lay, rows, K))
+        b = graph.batch if graph is not None else B
+        shifted = set(lay.shifted)
+        drows, ns, depths, tokens, flags = [], [], [], [], []
+        for i in spec:
+            r = plan.scheduled[i].req
+            n = r.num_tokens
+            toks = r.all_token_ids
+            on_host = n - 1 < len(toks)
+            drows.append(rows[i])
+            ns.append(n)
+            depths.append(reqs[i].depth)
+            tokens.append(toks[n - 1] if on_host else 0)
+            flags.append(REAL | (SHIFTED if i in shifted else 0) | (0 if on_host else DEVICE_TOKEN))
+        top = max(ns) + (slack if shifted else 0)
+        pad = b - B
+        inputs = ChainSteps.stage(dstg, drows + [self.pad_row] * pad, ns + [2] * pad, depths + [0] * pad,
+                                  tokens + [0] * pad, flags + [0] * pad)
+        (vidx,) = stg.add_rows([[reqs[i].vi for i in spec]], torch.int64)
+        h, draft_rows = stg.reserve((B, K), torch.int64)
+        h[...] = np.asarray([reqs[i].root for i in spec], dtype=np.int64)[:, None] + np.arange(1, K + 1)
+        return ChainBatch(inputs, graph, B, K, top + K, vidx, draft_rows)
 
-    def draft(self, h: torch.Tensor, tok: torch.Tensor, steps) -> torch.Tensor:
-        """K greedy draft forwards from (hidden, token) [B]; returns target-vocabulary drafts
-        [B, K]. Captured as is by the draft CUDA graphs."""
+    def propose(self, inputs: torch.Tensor, K: int, max_ctx_len: int) -> torch.Tensor:
+        """The steps derived from the staged `inputs`, then K greedy draft forwards: the
+        target-vocabulary drafts [b, K]. Device work only: captured as is by the draft graphs."""
+        h, tok = self.steps.derive(inputs, K)
         out = []
-        for meta, pos in steps:
+        for meta, pos in self.steps.steps(inputs.shape[1], K, max_ctx_len):
             with forward_context(ForwardContext(meta, self.backend, self.cache)):
                 logits, h = self.head(h, tok, pos)
             tok = self.head.to_target_ids(logits.argmax(-1))
             out.append(tok)
         return torch.stack(out, dim=1)
 
-    def run(self, batch: ChainBatch, draft_hidden: torch.Tensor, ids_d: torch.Tensor, vtok: torch.Tensor) -> None:
+    def run(self, batch: ChainBatch, ids_d: torch.Tensor, vtok: torch.Tensor) -> None:
         """Draft the chains (a CUDA graph when one fits); write the drafts into the target
         forward's input ids and the verify batch's tokens."""
-        r = batch.routes
         if batch.graph is not None:
-            dt = batch.graph.run(draft_hidden, r.rows.t, ids_d, r.root_rows.t)[: batch.B]
+            dt = batch.graph.replay()[: batch.B]
         else:
-            dt = self.draft(draft_hidden[r.rows.t], ids_d[r.root_rows.t], batch.steps)
+            dt = self.propose(batch.inputs.t, batch.K, batch.max_ctx_len)[: batch.B]
         # (index_copy_, not indexed assignment: the same one kernel each, less host time)
-        ids_d.index_copy_(0, r.draft_rows.t.reshape(-1), dt.reshape(-1))
-        vtok[:, 1:].index_copy_(0, r.vidx.t, dt)
+        ids_d.index_copy_(0, batch.draft_rows.t.reshape(-1), dt.reshape(-1))
+        vtok[:, 1:].index_copy_(0, batch.vidx.t, dt)
 
 
 @dataclass

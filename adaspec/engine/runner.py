@@ -40,6 +40,7 @@ import torch
 
 from adaspec.config import EngineConfig
 from adaspec.device.select import resolve_backend, resolve_device
+from adaspec.device.chain_steps import ChainSteps
 from adaspec.device.landing import Landing
 from adaspec.device.marks import StepMarks
 from adaspec.device.shift import Shift
@@ -214,8 +215,9 @@ class ModelRunner:
         refresh = None
         if self.draft is not None:
             bt, pr = self.rows.block_table, self.rows.pad_row
-            self.chain = ChainDrafter(self.draft, self.backend, self.draft_cache, bt, pr, self.block_size,
-                                      self.draft_group)
+            steps = ChainSteps(sc.max_num_seqs, max(1, spc.num_steps), self.backend, self.draft_group,
+                               self.block_size, bt, self.rows.last_count, self.rows.last_token, self.rows.draft_hidden)
+            self.chain = ChainDrafter(self.draft, steps, self.draft_cache, pr)
             self.trees = TreeStep(TreeDrafter(self.draft, self.backend, self.block_size, self.draft_group),
                                   self.draft_cache, bt, pr)
             refresh = DraftRefresh(self.draft, self.backend, self.draft_cache, self.rows.draft_hidden)
@@ -378,7 +380,7 @@ class ModelRunner:
         fill = stg.add([fi.fill_at, fi.fill_from], torch.int64) if fi.fill_at else None
         rfill = stg.add([refresh.fill_at, refresh.fill_from], torch.int64) \
             if refresh is not None and refresh.fill_at else None
-        chain = self.chain.stage(stg, self.draft_stg, plan, lay, rows, self.graphs, shift_d, self.max_draft) \
+        chain = self.chain.stage(stg, self.draft_stg, plan, lay, rows, self.graphs, self.max_draft) \
             if lay.chain else None
         trees = self.trees.stage(stg, self.draft_stg, plan, lay, rows, fi.tree_offsets, self.graphs, shift_d,
                                  self.max_draft) if lay.tree and lay.drafting else None
@@ -411,7 +413,7 @@ class ModelRunner:
 
         # ---- draft (on the device) ----
         if p.chain is not None:
-            self.chain.run(p.chain, self.rows.draft_hidden, ids_d, vb.tokens.t)
+            self.chain.run(p.chain, ids_d, vb.tokens.t)
         if p.trees is not None:
             self.trees.run(p.trees, self.rows.draft_hidden, p.meta, ids_d, pos_d, vb.tokens.t, vb.parents.t,
                            vb.limit.t)

@@ -151,20 +151,3 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
         assert any(refreshed)
     assert len(replays) > 0
     assert len(post_replays) > 0   # verification and commit ran as a post graph
-
-
-def test_draft_graph_gathers_its_inputs_in_place():
-    """`_DraftGraph.run` fills the static inputs straight from the device rows (what a
-    chain step's `run(hidden[rows], ids[roots])` did with a gather and a copy each)."""
-    from types import SimpleNamespace
-
-    from adaspec.engine.cuda_graph import _DraftGraph
-
-    h0, tok0 = torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64)
-    seen = []
-    g = _DraftGraph(4, SimpleNamespace(replay=lambda: seen.append((h0[:2].clone(), tok0[:2].clone()))),
-                    h0, tok0, torch.zeros(4, 2))
-    hidden, ids = torch.arange(30.0).reshape(10, 3), torch.arange(100, 120)
-    g.run(hidden, torch.tensor([7, 2]), ids, torch.tensor([5, 9]))
-    assert torch.equal(seen[0][0], hidden[[7, 2]]) and seen[0][1].tolist() == [105, 109]
-    assert not h0[2:].any() and not tok0[2:].any()   # the padding rows are left alone

@@ -284,9 +284,9 @@ def _check_drafts(llama_dir, target, head_dir: Path, variant: dict, aux_inputs: 
         pending[:] = [(list(plan.scheduled[i].req.all_token_ids), lay.reqs[i].depth) for i in lay.drafting]
         return stage(stg, dstg, plan, lay, rows, *rest)
 
-    def spy_run(batch, draft_hidden, ids_d, vtok):
-        run(batch, draft_hidden, ids_d, vtok)
-        out = vtok[batch.routes.vidx.t, 1:]
+    def spy_run(batch, ids_d, vtok):
+        run(batch, ids_d, vtok)
+        out = vtok[batch.vidx.t, 1:]
         seen.extend((toks, row[:depth]) for (toks, depth), row in zip(pending, out.tolist()))
 
     runner.chain.stage, runner.chain.run = spy_stage, spy_run

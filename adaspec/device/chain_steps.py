@@ -1,0 +1,186 @@
+"""The metadata of chain draft steps, derived on the device from five numbers per request.
+
+A chain step drafts K tokens for each drafting request with K one-row forwards of the draft
+head. Step i (0 <= i < K) of a request with n tokens (the root, its last token, at cache index
+n - 1) feeds the pair at draft cache index c = n - 1 + i, rotary position c - 1, sees keys
+1 .. c, and writes its KV at the slot of c while i < the request's own depth (else nowhere).
+The pair's hidden state is the request's draft hidden (`draft_hidden[row]`), its token the root.
+
+Every field is a function of (device row, n, depth, root token) and, for a request whose
+previous step is still in flight, of what that step emitted: the host staged n as if it
+emitted one token, the device knows how many it did (`last_count[row]`) and which was last
+(`last_token[row]`). So the host stages one [5, b] int64 field per step (`stage`) and one
+launch (`derive`) writes every step's positions, cache indices, slots and context lengths, the
+draft's input hidden states and tokens into static buffers (`ChainSteps`), which a captured
+draft graph reads and which it derives itself, as its first kernel. Staging K steps of
+metadata on the host, and shifting them on the device, cost a host-bound step 0.2-0.3 ms (the
+demo pair at batch 1 on the H200, benchmarks/launch_anatomy.py).
+
+Policy-free, like the rest of this floor: requests are rows of numbers here.
+
+Input rows (`INPUTS`), one column per request, padding requests included:
+    row     device row (its block-table row, draft hidden and last token / count)
+    n       its tokens as the host counts them (a step in flight counted as one)
+    depth   its own draft depth: steps i >= depth write no KV (0 for padding)
+    token   its root token, where the host knows it
+    flags   REAL (1: not padding; padding sees no key and writes nothing)
+            | SHIFTED (2: the step in flight may have emitted more than one: n moves by
+              last_count[row] - 1) | DEVICE_TOKEN (4: the root is last_token[row])
+"""
+from __future__ import annotations
+
+import torch
+
+from adaspec.device.staging import Staging
+from adaspec.layers.attention import AttnMeta
+from adaspec.layers.fused_ops import _next_pow2, triton, use_triton
+
+INPUTS = 5
+REAL, SHIFTED, DEVICE_TOKEN = 1, 2, 4
+
+if triton is not None:
+    import triton.language as tl
+
+    # Batch-dependent sizes are not specialised on: one compile serves every step.
+    @triton.jit(do_not_specialize=["b", "K"])
+    def _chain_steps_kernel(inp_ptr, b, K, pos_ptr, slot_ptr, ci_ptr, ctx_ptr, req_row_ptr, h0_ptr, tok0_ptr,
+                            last_count_ptr, last_token_ptr, hidden_ptr, block_table_ptr, stride_bt, stride_hid,
+                            stride_h0, W, H, BLOCK_SIZE: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr):
+        j = tl.program_id(0)
+        row = tl.load(inp_ptr + j)
+        n = tl.load(inp_ptr + b + j)
+        depth = tl.load(inp_ptr + 2 * b + j)
+        tok = tl.load(inp_ptr + 3 * b + j)
+        flags = tl.load(inp_ptr + 4 * b + j)
+        real = (flags & 1) != 0
+        count = tl.load(last_count_ptr + row)
+        delta = tl.where((flags & 2) != 0, count - 1, 0)
+        tok = tl.where((flags & 4) != 0, tl.load(last_token_ptr + row), tok)
+        i = tl.arange(0, K_PAD)
+        ok = i < K
+        c = n - 1 + delta + i
+        tl.store(pos_ptr + i * W + j, c - 1, mask=ok)
+        tl.store(ci_ptr + i * W + j, c.to(tl.int32), mask=ok)
+        tl.store(ctx_ptr + i * W + j, tl.where(real, c + 1, 0).to(tl.int32), mask=ok)
+        writes = ok & (i < tl.where(real, depth, 0))   # padding writes nothing
+        page = tl.load(block_table_ptr + row * stride_bt + c // BLOCK_SIZE, mask=writes, other=0)
+        slot = tl.where(writes, page.to(tl.int64) * BLOCK_SIZE + c % BLOCK_SIZE, -1)
+        tl.store(slot_ptr + i * W + j, slot, mask=ok)
+        tl.store(req_row_ptr + j, row.to(tl.int32))
+        tl.store(tok0_ptr + j, tok)
+        for h in range(0, H, BLOCK_H):
+            d = h + tl.arange(0, BLOCK_H)
+            x = tl.load(hidden_ptr + row * stride_hid + d, mask=d < H)
+            tl.store(h0_ptr + j * stride_h0 + d, x, mask=d < H)
+
+
+def _pad4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+class ChainSteps:
+    """Static device buffers of up to `max_batch` requests x `max_k` chain draft steps (their
+    attention metadata and the draft's inputs), filled by `derive`, read through `steps`.
+    `last_count`, `last_token`, `draft_hidden` and `block_table` are the engine's persistent
+    per-row device state (engine/device_rows.py): read in place, so a graph that captured
+    `derive` reads them at replay."""
+
+    def __init__(self, max_batch: int, max_k: int, backend, group: int, block_size: int, block_table: torch.Tensor,
+                 last_count: torch.Tensor, last_token: torch.Tensor, draft_hidden: torch.Tensor):
+        dev = block_table.device
+        self.max_batch, self.max_k = max_batch, max_k
+        self.backend, self.group, self.block_size = backend, group, block_size
+        self.block_table, self.last_count, self.last_token, self.hidden = block_table, last_count, last_token, draft_hidden
+        # Rows of W elements: every row of every field starts on a 16-byte boundary (Triton
+        # specialises kernels on pointer alignment; see device/staging.py).
+        W = self.W = _pad4(max_batch)
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.pos = torch.zeros(max_k, W, dtype=torch.int64, device=dev)
+        self.slot = torch.full((max_k, W), -1, dtype=torch.int64, device=dev)
+        self.ci = torch.zeros(max_k, W, **i32)
+        self.ctx = torch.zeros(max_k, W, **i32)   # also each step's mask start: no tree region
+        self.req_row = torch.zeros(W, **i32)
+        self.h0 = torch.zeros(max_batch, draft_hidden.shape[1], dtype=draft_hidden.dtype, device=dev)
+        self.tok0 = torch.zeros(max_batch, dtype=torch.int64, device=dev)
+        # Constant fields: one query row per request, keys from 1 (draft slot 0 is never read).
+        self.query_start = torch.arange(_pad4(W + 1), **i32)
+        self.prog_req = torch.arange(W, **i32)
+        self.kv_start = torch.ones(W, **i32)
+        self.zeros = torch.zeros(W, **i32)
+        self.mask = torch.zeros(16, dtype=torch.uint8, device=dev)
+        self._steps: dict[tuple, list] = {}
+
+    # ---- host -------------------------------------------------------------------------------
+    @staticmethod
+    def stage(stg: Staging, rows: list, ns: list, depths: list, tokens: list, flags: list):
+        """Stage the [INPUTS, b] inputs (one list per row, padding included) as the first field
+        of `stg` (begun and committed here: a draft graph reads them at that fixed address)."""
+        stg.begin()
+        h, ref = stg.reserve((INPUTS, len(rows)), torch.int64)
+        h[0], h[1], h[2], h[3], h[4] = rows, ns, depths, tokens, flags
+        stg.commit()
+        return ref
+
+    @classmethod
+    def stage_padding(cls, stg: Staging, b: int, pad_row: int):
+        """b padding requests (what draft graphs are captured on)."""
+        return cls.stage(stg, [pad_row] * b, [2] * b, [0] * b, [0] * b, [0] * b)
+
+    def steps(self, b: int, K: int, max_ctx_len: int) -> list:
+        """[(AttnMeta, positions)] of the K steps of b requests, views of the buffers
+        (`max_ctx_len`: a host bound of every step's context, split-KV sizing)."""
+        key = (b, K, max_ctx_len)
+        out = self._steps.get(key)
+        if out is None:
+            if len(self._steps) >= 4096:
+                self._steps.clear()
+            bq = self.backend.block_q(1, self.group, b)   # 1: one program per request
+            zeros = self.zeros[:b]
+            out = self._steps[key] = [(AttnMeta(
+                positions=self.pos[k, :b], cache_index=self.ci[k, :b], slot_mapping=self.slot[k, :b],
+                query_start=self.query_start[:b + 1], ctx_len=self.ctx[k, :b], kv_start=self.kv_start[:b],
+                req_row=self.req_row[:b], mask_start=self.ctx[k, :b], mask_offset=zeros, block_table=self.block_table,
+                mask=self.mask, prog_req=self.prog_req[:b], prog_q0=zeros, block_q=bq, block_size=self.block_size,
+                max_q_len=1, max_ctx_len=max_ctx_len), self.pos[k, :b]) for k in range(K)]
+        return out
+
+    # ---- device -----------------------------------------------------------------------------
+    def derive(self, inputs: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fill the buffers of K steps from the staged `inputs` [INPUTS, b]; returns the draft's
+        first inputs (hidden [b, H], token [b]), views of the buffers. Device work only."""
+        b = inputs.shape[1]
+        if not 0 < b <= self.max_batch or not 0 < K <= self.max_k:
+            raise ValueError(f"chain steps: {b} requests x {K} steps outside {self.max_batch} x {self.max_k}")
+        if use_triton(inputs):
+            H = self.hidden.shape[1]
+            _chain_steps_kernel[(b,)](
+                inputs, b, K, self.pos, self.slot, self.ci, self.ctx, self.req_row, self.h0, self.tok0,
+                self.last_count, self.last_token, self.hidden, self.block_table, self.block_table.stride(0),
+                self.hidden.stride(0), self.h0.stride(0), self.W, H, BLOCK_SIZE=self.block_size,
+                K_PAD=max(2, _next_pow2(self.max_k)), BLOCK_H=min(1024, _next_pow2(H)))
+        else:
+            self._derive_torch(inputs, K)
+        return self.h0[:b], self.tok0[:b]
+
+    def warm_up(self, stg: Staging, pad_row: int) -> int:
+        """Compile the kernel before serving (graph capture does too, but not an eager engine):
+        one padding request, one step. Returns the launches made."""
+        self.derive(self.stage_padding(stg, 1, pad_row).t, 1)
+        return 1
+
+    def _derive_torch(self, inputs: torch.Tensor, K: int) -> None:
+        """`derive` in PyTorch ops (CPU; the reference the kernel is tested against)."""
+        row, n, depth, tok, flags = inputs
+        b = row.shape[0]
+        real = (flags & REAL) != 0
+        delta = torch.where((flags & SHIFTED) != 0, self.last_count[row] - 1, 0)
+        c = (n - 1 + delta)[None, :] + torch.arange(K, device=row.device)[:, None]   # [K, b]
+        self.pos[:K, :b] = c - 1
+        self.ci[:K, :b] = c.to(torch.int32)
+        self.ctx[:K, :b] = torch.where(real, c + 1, 0).to(torch.int32)
+        writes = real & (torch.arange(K, device=row.device)[:, None] < depth)
+        page = self.block_table[row.expand(K, b), (c // self.block_size).clamp(0, self.block_table.shape[1] - 1)]
+        self.slot[:K, :b] = torch.where(writes, page.long() * self.block_size + c % self.block_size, -1)
+        self.req_row[:b] = row.to(torch.int32)
+        self.tok0[:b] = torch.where((flags & DEVICE_TOKEN) != 0, self.last_token[row], tok)
+        self.h0[:b] = self.hidden[row]
