@@ -125,7 +125,9 @@ def measure(config: str, args) -> dict:
 
     cg._Graph.replay = keep("target", cg._Graph.replay)
     cg._PostGraph.replay = keep("post", cg._PostGraph.replay)
-    cg._DraftGraph.run = keep("draft", cg._DraftGraph.run)
+    # (the draft graph's entry point: `replay` since its inputs are derived inside it, `run` before)
+    draft_entry = "replay" if "replay" in vars(cg._DraftGraph) else "run"
+    setattr(cg._DraftGraph, draft_entry, keep("draft", getattr(cg._DraftGraph, draft_entry)))
     for owner, attr, name in [
             (eng, "step", "engine.step"), (eng.scheduler, "schedule", "scheduler.schedule"),
             (eng.scheduler, "postprocess", "scheduler.postprocess"), (eng, "_observe", "engine._observe"),
@@ -134,7 +136,7 @@ def measure(config: str, args) -> dict:
             (runner, "forward_half", "runner.forward_half"), (runner, "post_half", "runner.post_half"),
             (runner.rows, "apply_updates", "rows.apply_updates"), (Shift, "apply", "Shift.apply"),
             (cg._Graph, "replay", "graph.target"), (cg._PostGraph, "replay", "graph.post"),
-            (cg._DraftGraph, "run", "graph.draft_run"), (torch.cuda.CUDAGraph, "replay", "CUDAGraph.replay"),
+            (cg._DraftGraph, draft_entry, "graph.draft"), (torch.cuda.CUDAGraph, "replay", "CUDAGraph.replay"),
             (getattr(runner, "marks", None), "mark", "runner.marks.mark"),
             (runner, "_timer_mark", "runner._timer_mark")]:
         tm.wrap(owner, attr, name)

@@ -110,3 +110,38 @@ def test_pdl_chain_in_a_graph_equals_plain_launches(monkeypatch):
         torch.cuda.synchronize()
         assert torch.equal(got, want) and torch.equal(got_k, k)
     assert not torch.equal(results[0][0], results[1][0])   # new inputs, new outputs
+
+
+def test_chain_steps_kernel_equals_torch_ops():
+    """The chain steps' metadata kernel (device/chain_steps.py) writes what its PyTorch ops
+    write, on random rows, lengths, depths, shifts and roots, bf16 draft hiddens."""
+    from adaspec.device.chain_steps import DEVICE_TOKEN, REAL, SHIFTED, ChainSteps
+    from adaspec.device.staging import Staging
+    from adaspec.layers.attention import get_backend
+
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(3)
+    R, W, B, K = 40, 64, 37, 5
+    table = torch.randint(0, 5000, (R, W), generator=g, dtype=torch.int32).to(dev)
+    last_count = torch.randint(1, K + 2, (R,), generator=g).to(dev)
+    last_token = torch.randint(0, 32000, (R,), generator=g).to(dev)
+    hidden = torch.randn(R, 4096, generator=g).to(dev, torch.bfloat16)
+    rows = torch.randperm(R - 1, generator=g)[:B].tolist()
+    ns = torch.randint(2, 16 * W - 4 * K, (B,), generator=g).tolist()
+    depths = torch.randint(0, K + 1, (B,), generator=g).tolist()
+    tokens = torch.randint(0, 32000, (B,), generator=g).tolist()
+    flags = [REAL * (i % 7 != 0) | SHIFTED * (i % 2) | DEVICE_TOKEN * (i % 3 == 0) for i in range(B)]
+    out = []
+    for use_kernel in (True, False):
+        cs = ChainSteps(48, K, get_backend("triton"), 4, 16, table, last_count, last_token, hidden)
+        stg = Staging(1 << 16, dev)
+        inputs = ChainSteps.stage(stg, rows, ns, depths, tokens, flags).t
+        if use_kernel:
+            cs.derive(inputs, K)
+        else:
+            cs._derive_torch(inputs, K)
+        torch.cuda.synchronize()
+        out.append([t.clone() for t in (cs.pos[:, :B], cs.ci[:, :B], cs.slot[:, :B], cs.ctx[:, :B], cs.req_row[:B],
+                                        cs.h0[:B], cs.tok0[:B])])
+    for a, b in zip(*out):
+        assert torch.equal(a, b)
