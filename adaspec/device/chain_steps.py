@@ -9,16 +9,20 @@ The pair's hidden state is the request's draft hidden (`draft_hidden[row]`), its
 Every field is a function of (device row, n, depth, root token) and, for a request whose
 previous step is still in flight, of what that step emitted: the host staged n as if it
 emitted one token, the device knows how many it did (`last_count[row]`) and which was last
-(`last_token[row]`). So the host stages one [5, b] int64 field per step (`stage`) and one
-launch (`derive`) writes every step's positions, cache indices, slots and context lengths, the
-draft's input hidden states and tokens into static buffers (`ChainSteps`), which a captured
-draft graph reads and which it derives itself, as its first kernel. Staging K steps of
-metadata on the host, and shifting them on the device, cost a host-bound step 0.2-0.3 ms (the
-demo pair at batch 1 on the H200, benchmarks/launch_anatomy.py).
+(`last_token[row]`). So the host stages a few numbers per request with the step's other
+inputs (`stage`); on the device one copy brings them to a static buffer (`load`) and one
+launch (`derive`) writes every step's positions, cache indices, slots and context lengths and
+the draft's first hidden states and tokens into static buffers (`ChainSteps`). A captured
+draft graph runs `derive` as its first kernel and, as its last, scatters the drafts to where
+the step reads them (`scatter`: the target forward's input ids and the verify batch, both in
+the step's staging buffer), so a chain step's drafting costs the host a copy and a replay.
+Staging K steps of metadata on the host, shifting them on the device and routing the drafts
+cost a host-bound step about 0.5 ms (the demo pair at batch 1 on the H200,
+benchmarks/launch_anatomy.py).
 
 Policy-free, like the rest of this floor: requests are rows of numbers here.
 
-Input rows (`INPUTS`), one column per request, padding requests included:
+Input rows, one column per request, padding requests included (`INPUTS` rows, then 2K):
     row     device row (its block-table row, draft hidden and last token / count)
     n       its tokens as the host counts them (a step in flight counted as one)
     depth   its own draft depth: steps i >= depth write no KV (0 for padding)
@@ -26,9 +30,13 @@ Input rows (`INPUTS`), one column per request, padding requests included:
     flags   REAL (1: not padding; padding sees no key and writes nothing)
             | SHIFTED (2: the step in flight may have emitted more than one: n moves by
               last_count[row] - 1) | DEVICE_TOKEN (4: the root is last_token[row])
+    dst     2K rows: the int64 elements of the staging buffer that draft k of the request
+            goes to (its input id in the target forward, its token in the verify batch);
+            padding requests name a sink element nothing reads
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from adaspec.device.staging import Staging
@@ -42,16 +50,16 @@ if triton is not None:
     import triton.language as tl
 
     # Batch-dependent sizes are not specialised on: one compile serves every step.
-    @triton.jit(do_not_specialize=["b", "K"])
-    def _chain_steps_kernel(inp_ptr, b, K, pos_ptr, slot_ptr, ci_ptr, ctx_ptr, req_row_ptr, h0_ptr, tok0_ptr,
+    @triton.jit(do_not_specialize=["K"])
+    def _chain_steps_kernel(inp_ptr, stride_in, K, pos_ptr, slot_ptr, ci_ptr, ctx_ptr, req_row_ptr, h0_ptr, tok0_ptr,
                             last_count_ptr, last_token_ptr, hidden_ptr, block_table_ptr, stride_bt, stride_hid,
                             stride_h0, W, H, BLOCK_SIZE: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr):
         j = tl.program_id(0)
         row = tl.load(inp_ptr + j)
-        n = tl.load(inp_ptr + b + j)
-        depth = tl.load(inp_ptr + 2 * b + j)
-        tok = tl.load(inp_ptr + 3 * b + j)
-        flags = tl.load(inp_ptr + 4 * b + j)
+        n = tl.load(inp_ptr + stride_in + j)
+        depth = tl.load(inp_ptr + 2 * stride_in + j)
+        tok = tl.load(inp_ptr + 3 * stride_in + j)
+        flags = tl.load(inp_ptr + 4 * stride_in + j)
         real = (flags & 1) != 0
         count = tl.load(last_count_ptr + row)
         delta = tl.where((flags & 2) != 0, count - 1, 0)
@@ -80,21 +88,24 @@ def _pad4(n: int) -> int:
 
 class ChainSteps:
     """Static device buffers of up to `max_batch` requests x `max_k` chain draft steps (their
-    attention metadata and the draft's inputs), filled by `derive`, read through `steps`.
-    `last_count`, `last_token`, `draft_hidden` and `block_table` are the engine's persistent
-    per-row device state (engine/device_rows.py): read in place, so a graph that captured
-    `derive` reads them at replay."""
+    inputs, attention metadata and the draft's first inputs), filled by `load` and `derive`,
+    read through `steps`. `last_count`, `last_token`, `draft_hidden` and `block_table` are the
+    engine's persistent per-row device state (engine/device_rows.py), and `flat` the step's
+    staging buffer as int64 elements: read and written in place, so a graph that captured
+    `derive` and `scatter` finds them at replay."""
 
     def __init__(self, max_batch: int, max_k: int, backend, group: int, block_size: int, block_table: torch.Tensor,
-                 last_count: torch.Tensor, last_token: torch.Tensor, draft_hidden: torch.Tensor):
+                 last_count: torch.Tensor, last_token: torch.Tensor, draft_hidden: torch.Tensor, flat: torch.Tensor):
         dev = block_table.device
         self.max_batch, self.max_k = max_batch, max_k
         self.backend, self.group, self.block_size = backend, group, block_size
         self.block_table, self.last_count, self.last_token, self.hidden = block_table, last_count, last_token, draft_hidden
+        self.flat = flat
         # Rows of W elements: every row of every field starts on a 16-byte boundary (Triton
         # specialises kernels on pointer alignment; see device/staging.py).
         W = self.W = _pad4(max_batch)
         i32 = dict(dtype=torch.int32, device=dev)
+        self.inputs = torch.zeros(INPUTS + 2 * max_k, W, dtype=torch.int64, device=dev)
         self.pos = torch.zeros(max_k, W, dtype=torch.int64, device=dev)
         self.slot = torch.full((max_k, W), -1, dtype=torch.int64, device=dev)
         self.ci = torch.zeros(max_k, W, **i32)
@@ -112,19 +123,26 @@ class ChainSteps:
 
     # ---- host -------------------------------------------------------------------------------
     @staticmethod
-    def stage(stg: Staging, rows: list, ns: list, depths: list, tokens: list, flags: list):
-        """Stage the [INPUTS, b] inputs (one list per row, padding included) as the first field
-        of `stg` (begun and committed here: a draft graph reads them at that fixed address)."""
-        stg.begin()
-        h, ref = stg.reserve((INPUTS, len(rows)), torch.int64)
-        h[0], h[1], h[2], h[3], h[4] = rows, ns, depths, tokens, flags
-        stg.commit()
+    def stage(stg: Staging, K: int, rows: list, ns: list, depths: list, tokens: list, flags: list,
+              dst_ids, dst_tokens, pad: int, pad_row: int):
+        """Stage the inputs of len(rows) drafting requests and `pad` padding ones as one
+        [INPUTS + 2K, b] field of `stg`; `dst_ids` / `dst_tokens` [B, K]: the int64 elements of
+        `stg` their drafts go to. Returns its handle."""
+        B = len(rows)
+        h, ref = stg.reserve((INPUTS + 2 * K, B + pad), torch.int64)
+        h[0, :B], h[1, :B], h[2, :B], h[3, :B], h[4, :B] = rows, ns, depths, tokens, flags
+        h[INPUTS: INPUTS + K, :B] = np.asarray(dst_ids).T
+        h[INPUTS + K:, :B] = np.asarray(dst_tokens).T
+        if pad:
+            sink, sink_ref = stg.reserve((1,), torch.int64)
+            h[:INPUTS, B:] = np.array([[pad_row], [2], [0], [0], [0]])
+            h[INPUTS:, B:] = sink_ref.start // 8
         return ref
 
     @classmethod
-    def stage_padding(cls, stg: Staging, b: int, pad_row: int):
+    def stage_padding(cls, stg: Staging, b: int, K: int, pad_row: int):
         """b padding requests (what draft graphs are captured on)."""
-        return cls.stage(stg, [pad_row] * b, [2] * b, [0] * b, [0] * b, [0] * b)
+        return cls.stage(stg, K, [], [], [], [], [], np.zeros((0, K)), np.zeros((0, K)), b, pad_row)
 
     def steps(self, b: int, K: int, max_ctx_len: int) -> list:
         """[(AttnMeta, positions)] of the K steps of b requests, views of the buffers
@@ -145,33 +163,50 @@ class ChainSteps:
         return out
 
     # ---- device -----------------------------------------------------------------------------
-    def derive(self, inputs: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fill the buffers of K steps from the staged `inputs` [INPUTS, b]; returns the draft's
+    def load(self, staged: torch.Tensor) -> torch.Tensor:
+        """Copy a step's staged inputs [INPUTS + 2K, b] into the static buffer (outside any
+        graph: the staged field's address varies from step to step); returns that view."""
+        r, b = staged.shape
+        view = self.inputs[:r, :b]
+        view.copy_(staged)
+        return view
+
+    def derive(self, K: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fill the buffers of K steps of b requests from the loaded inputs; returns the draft's
         first inputs (hidden [b, H], token [b]), views of the buffers. Device work only."""
-        b = inputs.shape[1]
         if not 0 < b <= self.max_batch or not 0 < K <= self.max_k:
             raise ValueError(f"chain steps: {b} requests x {K} steps outside {self.max_batch} x {self.max_k}")
+        inputs = self.inputs
         if use_triton(inputs):
             H = self.hidden.shape[1]
             _chain_steps_kernel[(b,)](
-                inputs, b, K, self.pos, self.slot, self.ci, self.ctx, self.req_row, self.h0, self.tok0,
+                inputs, self.W, K, self.pos, self.slot, self.ci, self.ctx, self.req_row, self.h0, self.tok0,
                 self.last_count, self.last_token, self.hidden, self.block_table, self.block_table.stride(0),
                 self.hidden.stride(0), self.h0.stride(0), self.W, H, BLOCK_SIZE=self.block_size,
                 K_PAD=max(2, _next_pow2(self.max_k)), BLOCK_H=min(1024, _next_pow2(H)))
         else:
-            self._derive_torch(inputs, K)
+            self._derive_torch(K, b)
         return self.h0[:b], self.tok0[:b]
+
+    def scatter(self, drafts: torch.Tensor) -> None:
+        """Write drafts [b, K] to the staging elements the loaded inputs name (one op)."""
+        b, K = drafts.shape
+        dst = self.inputs[INPUTS: INPUTS + 2 * K, :b]
+        self.flat.index_copy_(0, dst.reshape(-1), drafts.t().repeat(2, 1).reshape(-1))
 
     def warm_up(self, stg: Staging, pad_row: int) -> int:
         """Compile the kernel before serving (graph capture does too, but not an eager engine):
         one padding request, one step. Returns the launches made."""
-        self.derive(self.stage_padding(stg, 1, pad_row).t, 1)
+        stg.begin()
+        ref = self.stage_padding(stg, 1, 1, pad_row)
+        stg.commit()
+        self.load(ref.t)
+        self.derive(1, 1)
         return 1
 
-    def _derive_torch(self, inputs: torch.Tensor, K: int) -> None:
+    def _derive_torch(self, K: int, b: int) -> None:
         """`derive` in PyTorch ops (CPU; the reference the kernel is tested against)."""
-        row, n, depth, tok, flags = inputs
-        b = row.shape[0]
+        row, n, depth, tok, flags = self.inputs[:INPUTS, :b]
         real = (flags & REAL) != 0
         delta = torch.where((flags & SHIFTED) != 0, self.last_count[row] - 1, 0)
         c = (n - 1 + delta)[None, :] + torch.arange(K, device=row.device)[:, None]   # [K, b]

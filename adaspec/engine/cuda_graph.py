@@ -86,9 +86,9 @@ class _PostGraph:
 
 
 class _DraftGraph:
-    """K chain draft steps for `batch` rows, their metadata and inputs derived inside the
-    graph from the inputs staged at the start of the drafters' buffer (`ChainDrafter.stage`);
-    static drafts [batch, K]."""
+    """K chain draft steps for `batch` rows (`ChainDrafter.propose`): their metadata and
+    inputs derived inside the graph from the loaded inputs (`ChainSteps.load`), the drafts
+    scattered into the step; static drafts [batch, K]."""
 
     def __init__(self, batch: int, graph, out):
         self.batch, self.graph, self.out = batch, graph, out
@@ -277,9 +277,12 @@ class CudaGraphs:
     @torch.inference_mode()
     def _capture_draft(self, b: int, k: int) -> _DraftGraph:
         g = self.g
-        # b padding requests, staged where `ChainDrafter.stage` stages a step's chains
-        inputs = ChainSteps.stage_padding(g.draft_stg, b, g.pad_row)
-        graph, out = self._record(lambda: g.chain.propose(inputs.t, k, g.max_model_len))  # split-KV: the longest
+        # b padding requests, loaded as `ChainDrafter.run` loads a step's chains
+        g.stg.begin()
+        inputs = ChainSteps.stage_padding(g.stg, b, k, g.pad_row)
+        g.stg.commit()
+        g.chain.steps.load(inputs.t)
+        graph, out = self._record(lambda: g.chain.propose(k, b, g.max_model_len))   # split-KV: the longest
         return _DraftGraph(b, graph, out)
 
     @torch.inference_mode()

@@ -45,33 +45,32 @@ def stage_routes(stg: Staging, lay, rows: list[int], K: int) -> DraftRoutes:
 
 @dataclass
 class ChainBatch:
-    inputs: object         # staged [INPUTS, b] in the drafters' buffer (device.chain_steps)
+    inputs: object         # staged [INPUTS + 2K, b] (device.chain_steps), padding included
     graph: object          # a captured draft graph of this batch bucket and K, or None
     B: int                 # drafting requests (the first B of the b staged)
     K: int                 # draft steps
     max_ctx_len: int       # host bound of the steps' contexts (eager split-KV sizing)
-    vidx: object           # staged [B]: each drafting request's verify index
-    draft_rows: object     # staged [B, K]: its K draft rows in the target forward
 
 
 class ChainDrafter:
-    """K greedy draft forwards per drafting request. The host stages five numbers per request;
-    the steps' metadata and the draft's inputs are derived on the device (`ChainSteps`), by
-    the draft graph itself when one is replayed."""
+    """K greedy draft forwards per drafting request. The host stages a few numbers per
+    request; the steps' metadata, the draft's inputs and the drafts' routes into the step are
+    worked out on the device (`ChainSteps`), by the draft graph itself when one replays."""
 
     def __init__(self, head, steps: ChainSteps, cache: list, pad_row: int):
         self.head, self.steps, self.cache, self.pad_row = head, steps, cache, pad_row
         self.backend = steps.backend
 
-    def stage(self, stg: Staging, dstg: Staging, plan, lay, rows: list[int], graphs, slack: int) -> ChainBatch:
-        """Stage the chains of the step's drafting requests, padded to a captured graph's batch
-        (`slack`: the most a step in flight may move a shifted request)."""
+    def stage(self, stg: Staging, plan, lay, rows: list[int], ids_d: torch.Tensor, vb, graphs,
+              slack: int) -> ChainBatch:
+        """Stage the chains of the step's drafting requests, padded to a captured graph's batch:
+        their drafts go to the target forward's input ids `ids_d` and the verify batch `vb`,
+        both staged in `stg` (`slack`: the most a step in flight may move a shifted request)."""
         spec, reqs = lay.drafting, lay.reqs
-        K, B = lay.N - 1, len(spec)
+        K, B, N = lay.N - 1, len(spec), lay.N
         graph = graphs.draft_graph(B, K) if graphs is not None else None
-        b = graph.batch if graph is not None else B
         shifted = set(lay.shifted)
-        drows, ns, depths, tokens, flags = [], [], [], [], []
+        drows, ns, depths, tokens, flags, roots, vis = [], [], [], [], [], [], []
         for i in spec:
             r = plan.scheduled[i].req
             n = r.num_tokens
@@ -82,37 +81,37 @@ class ChainDrafter:
             depths.append(reqs[i].depth)
             tokens.append(toks[n - 1] if on_host else 0)
             flags.append(REAL | (SHIFTED if i in shifted else 0) | (0 if on_host else DEVICE_TOKEN))
-        top = max(ns) + (slack if shifted else 0)
-        pad = b - B
-        inputs = ChainSteps.stage(dstg, drows + [self.pad_row] * pad, ns + [2] * pad, depths + [0] * pad,
-                                  tokens + [0] * pad, flags + [0] * pad)
-        (vidx,) = stg.add_rows([[reqs[i].vi for i in spec]], torch.int64)
-        h, draft_rows = stg.reserve((B, K), torch.int64)
-        h[...] = np.asarray([reqs[i].root for i in spec], dtype=np.int64)[:, None] + np.arange(1, K + 1)
-        return ChainBatch(inputs, graph, B, K, top + K, vidx, draft_rows)
+            roots.append(reqs[i].root)
+            vis.append(reqs[i].vi)
+        k = np.arange(1, K + 1)
+        dst_ids = ids_d.storage_offset() + np.asarray(roots, dtype=np.int64)[:, None] + k
+        dst_tok = vb.tokens.t.storage_offset() + np.asarray(vis, dtype=np.int64)[:, None] * N + k
+        pad = graph.batch - B if graph is not None else 0
+        inputs = ChainSteps.stage(stg, K, drows, ns, depths, tokens, flags, dst_ids, dst_tok, pad, self.pad_row)
+        return ChainBatch(inputs, graph, B, K, max(ns) + (slack if shifted else 0) + K)
 
-    def propose(self, inputs: torch.Tensor, K: int, max_ctx_len: int) -> torch.Tensor:
-        """The steps derived from the staged `inputs`, then K greedy draft forwards: the
-        target-vocabulary drafts [b, K]. Device work only: captured as is by the draft graphs."""
-        h, tok = self.steps.derive(inputs, K)
+    def propose(self, K: int, b: int, max_ctx_len: int) -> torch.Tensor:
+        """From the loaded inputs: the steps derived, K greedy draft forwards, the drafts
+        scattered into the step; returns them [b, K] (target vocabulary). Device work only:
+        captured as is by the draft graphs."""
+        h, tok = self.steps.derive(K, b)
         out = []
-        for meta, pos in self.steps.steps(inputs.shape[1], K, max_ctx_len):
+        for meta, pos in self.steps.steps(b, K, max_ctx_len):
             with forward_context(ForwardContext(meta, self.backend, self.cache)):
                 logits, h = self.head(h, tok, pos)
             tok = self.head.to_target_ids(logits.argmax(-1))
             out.append(tok)
-        return torch.stack(out, dim=1)
+        drafts = torch.stack(out, dim=1)
+        self.steps.scatter(drafts)
+        return drafts
 
-    def run(self, batch: ChainBatch, ids_d: torch.Tensor, vtok: torch.Tensor) -> None:
-        """Draft the chains (a CUDA graph when one fits); write the drafts into the target
-        forward's input ids and the verify batch's tokens."""
+    def run(self, batch: ChainBatch) -> torch.Tensor:
+        """Draft the chains (a CUDA graph when one fits) into the target forward's input ids
+        and the verify batch's tokens; returns the drafts [B, K]."""
+        inputs = self.steps.load(batch.inputs.t)
         if batch.graph is not None:
-            dt = batch.graph.replay()[: batch.B]
-        else:
-            dt = self.propose(batch.inputs.t, batch.K, batch.max_ctx_len)[: batch.B]
-        # (index_copy_, not indexed assignment: the same one kernel each, less host time)
-        ids_d.index_copy_(0, batch.draft_rows.t.reshape(-1), dt.reshape(-1))
-        vtok[:, 1:].index_copy_(0, batch.vidx.t, dt)
+            return batch.graph.replay()[: batch.B]
+        return self.propose(batch.K, inputs.shape[1], batch.max_ctx_len)[: batch.B]
 
 
 @dataclass

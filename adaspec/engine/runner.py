@@ -216,7 +216,8 @@ class ModelRunner:
         if self.draft is not None:
             bt, pr = self.rows.block_table, self.rows.pad_row
             steps = ChainSteps(sc.max_num_seqs, max(1, spc.num_steps), self.backend, self.draft_group,
-                               self.block_size, bt, self.rows.last_count, self.rows.last_token, self.rows.draft_hidden)
+                               self.block_size, bt, self.rows.last_count, self.rows.last_token, self.rows.draft_hidden,
+                               self.stg.dev.view(torch.int64))
             self.chain = ChainDrafter(self.draft, steps, self.draft_cache, pr)
             self.trees = TreeStep(TreeDrafter(self.draft, self.backend, self.block_size, self.draft_group),
                                   self.draft_cache, bt, pr)
@@ -380,8 +381,7 @@ class ModelRunner:
         fill = stg.add([fi.fill_at, fi.fill_from], torch.int64) if fi.fill_at else None
         rfill = stg.add([refresh.fill_at, refresh.fill_from], torch.int64) \
             if refresh is not None and refresh.fill_at else None
-        chain = self.chain.stage(stg, self.draft_stg, plan, lay, rows, self.graphs, self.max_draft) \
-            if lay.chain else None
+        chain = self.chain.stage(stg, plan, lay, rows, ids_d, vb, self.graphs, self.max_draft) if lay.chain else None
         trees = self.trees.stage(stg, self.draft_stg, plan, lay, rows, fi.tree_offsets, self.graphs, shift_d,
                                  self.max_draft) if lay.tree and lay.drafting else None
         shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh]
@@ -390,7 +390,7 @@ class ModelRunner:
         plp = prompt_logprob_rows(plan, lay)
         prompt_lp = (plp, max(sched[i].req.params.prompt_logprobs for i, _, _, _ in plp)) if plp else None
         return lay, StepProgram(meta, ids_d, pos_d, graph, post, vb, bool(lay.verify), upd_d, fill, chain, trees,
-                                shifts, stg.offset, self.draft_stg.offset if (chain or trees) else 0, prompt_lp,
+                                shifts, stg.offset, self.draft_stg.offset if trees else 0, prompt_lp,
                                 rfill, grammar_step(grammars, vi.limit, N, lay.tree, lay.drafting))
 
     def execute_program(self, p: StepProgram) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -413,7 +413,7 @@ class ModelRunner:
 
         # ---- draft (on the device) ----
         if p.chain is not None:
-            self.chain.run(p.chain, ids_d, vb.tokens.t)
+            self.chain.run(p.chain)
         if p.trees is not None:
             self.trees.run(p.trees, self.rows.draft_hidden, p.meta, ids_d, pos_d, vb.tokens.t, vb.parents.t,
                            vb.limit.t)

@@ -1,14 +1,15 @@
-"""Chain draft steps' metadata derived on the device (`device.chain_steps`): every field of
+"""Chain draft steps worked out on the device (`device.chain_steps`): every metadata field of
 every step against the layout written out by hand, through the PyTorch ops and the Triton
-kernel (the interpreter on CPU)."""
+kernel (the interpreter on CPU), and the drafts' scatter into the staging buffer."""
 from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
 import pytest
 import torch
 
-from adaspec.device.chain_steps import DEVICE_TOKEN, REAL, SHIFTED, ChainSteps
+from adaspec.device.chain_steps import DEVICE_TOKEN, INPUTS, REAL, SHIFTED, ChainSteps
 from adaspec.device.staging import Staging
 from adaspec.layers.attention import get_backend
 
@@ -24,27 +25,46 @@ def _path(path, monkeypatch):
         monkeypatch.delenv("ADASPEC_TRITON_INTERPRET", raising=False)
 
 
-def _rows():
+def _setup(max_batch: int, max_k: int):
     table = torch.tensor([[3, 7, 5, 2, 9, 4], [8, 1, 6, 0, 11, 10], [12, 13, 14, 15, 16, 17], [0] * 6],
                          dtype=torch.int32)
     last_count = torch.tensor([1, 3, 2, 1])
     last_token = torch.tensor([500, 501, 502, 503])
     hidden = torch.arange(4 * 6, dtype=torch.float32).reshape(4, 6)
-    return table, last_count, last_token, hidden
+    stg = Staging(1 << 14, torch.device("cpu"))
+    cs = ChainSteps(max_batch, max_k, get_backend("torch"), 1, BS, table, last_count, last_token, hidden,
+                    stg.dev.view(torch.int64))
+    return cs, stg, table, hidden
+
+
+def _stage(stg, K, rows, ns, depths, tokens, flags, pad=0, pad_row=3):
+    """Stage (begun and committed) with each request's drafts routed to a field of its own."""
+    stg.begin()
+    B = len(rows)
+    ids_h, ids = stg.reserve((max(B, 1), K + 1), torch.int64)
+    tok_h, tok = stg.reserve((max(B, 1), K + 1), torch.int64)
+    ids_h[...] = tok_h[...] = -7
+    k = np.arange(1, K + 1)
+    dst_ids = ids.start // 8 + np.arange(B)[:, None] * (K + 1) + k
+    dst_tok = tok.start // 8 + np.arange(B)[:, None] * (K + 1) + k
+    ref = ChainSteps.stage(stg, K, rows, ns, depths, tokens, flags, dst_ids, dst_tok, pad, pad_row)
+    stg.commit()
+    return ref, ids, tok
 
 
 @pytest.mark.parametrize("path", ["torch", "triton"])
 def test_steps_are_derived_from_row_length_depth_and_the_step_in_flight(path, monkeypatch):
     _path(path, monkeypatch)
-    table, last_count, last_token, hidden = _rows()
-    cs = ChainSteps(6, 4, get_backend("torch"), 1, BS, table, last_count, last_token, hidden)
-    stg = Staging(1 << 14, torch.device("cpu"))
+    cs, stg, table, hidden = _setup(6, 4)
     K = 3
     # row 0: on the host, full depth; row 1: shifted (its step in flight emitted 3: +2) with its
-    # root on the device; row 2: depth 1, root on the device but not shifted; then padding (row 3).
-    inputs = ChainSteps.stage(stg, rows=[0, 1, 2, 3], ns=[6, 9, 4, 2], depths=[3, 3, 1, 0], tokens=[40, 0, 0, 0],
-                              flags=[REAL, REAL | SHIFTED | DEVICE_TOKEN, REAL | DEVICE_TOKEN, 0])
-    h0, tok0 = cs.derive(inputs.t, K)
+    # root on the device; row 2: depth 1, root on the device but not shifted; then one padding
+    # request (on the pad row 3).
+    ref, _, _ = _stage(stg, K, rows=[0, 1, 2], ns=[6, 9, 4], depths=[3, 3, 1], tokens=[40, 0, 0],
+                       flags=[REAL, REAL | SHIFTED | DEVICE_TOKEN, REAL | DEVICE_TOKEN], pad=1)
+    inputs = cs.load(ref.t)
+    assert inputs.shape == (INPUTS + 2 * K, 4)
+    h0, tok0 = cs.derive(K, 4)
 
     def slot(row, c):
         return int(table[row, c // BS]) * BS + c % BS
@@ -67,18 +87,35 @@ def test_steps_are_derived_from_row_length_depth_and_the_step_in_flight(path, mo
     assert torch.equal(h0, hidden[[0, 1, 2, 3]])
 
 
+def test_drafts_land_where_the_step_reads_them_and_padding_nowhere(monkeypatch):
+    _path("torch", monkeypatch)
+    cs, stg, _, _ = _setup(4, 3)
+    K = 2
+    ref, ids, tok = _stage(stg, K, rows=[0, 2], ns=[6, 4], depths=[2, 2], tokens=[1, 2], flags=[REAL, REAL], pad=2)
+    cs.load(ref.t)
+    before = stg.dev.clone()
+    drafts = torch.tensor([[11, 12], [21, 22], [91, 92], [93, 94]])
+    cs.scatter(drafts)
+    assert ids.t.tolist() == [[-7, 11, 12], [-7, 21, 22]]
+    assert tok.t.tolist() == [[-7, 11, 12], [-7, 21, 22]]
+    # Padding wrote only its sink, an element past every field that was read.
+    changed = (stg.dev.view(torch.int64) != before.view(torch.int64)).nonzero().view(-1).tolist()
+    sink = [e for e in changed if e * 8 >= ref.start + ref.size * 8]
+    assert len(changed) == 8 + len(sink) and len(sink) == 1
+
+
 @pytest.mark.parametrize("path", ["torch", "triton"])
 def test_a_smaller_batch_leaves_the_rest_and_fits_bounds(path, monkeypatch):
     _path(path, monkeypatch)
-    table, last_count, last_token, hidden = _rows()
-    cs = ChainSteps(2, 2, get_backend("torch"), 1, BS, table, last_count, last_token, hidden)
-    stg = Staging(1 << 14, torch.device("cpu"))
-    cs.derive(ChainSteps.stage(stg, [1, 0], [5, 5], [2, 2], [7, 8], [REAL, REAL]).t, 2)
-    cs.derive(ChainSteps.stage(stg, [2], [3], [1], [9], [REAL]).t, 1)
+    cs, stg, _, _ = _setup(2, 2)
+    cs.load(_stage(stg, 2, [1, 0], [5, 5], [2, 2], [7, 8], [REAL, REAL])[0].t)
+    cs.derive(2, 2)
+    cs.load(_stage(stg, 1, [2], [3], [1], [9], [REAL])[0].t)
+    cs.derive(1, 1)
     (meta, _), = cs.steps(1, 1, 8)
     assert meta.cache_index.tolist() == [2] and cs.ci[0, 1].item() == 4   # request 2 of the first call stays
     assert cs.tok0.tolist() == [9, 8]
     with pytest.raises(ValueError, match="outside"):
-        cs.derive(ChainSteps.stage(stg, [0, 1, 2], [3] * 3, [1] * 3, [0] * 3, [REAL] * 3).t, 1)
+        cs.derive(1, 3)
     with pytest.raises(ValueError, match="outside"):
-        cs.derive(ChainSteps.stage(stg, [0], [3], [1], [0], [REAL]).t, 3)
+        cs.derive(3, 1)

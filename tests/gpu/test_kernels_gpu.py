@@ -131,17 +131,22 @@ def test_chain_steps_kernel_equals_torch_ops():
     depths = torch.randint(0, K + 1, (B,), generator=g).tolist()
     tokens = torch.randint(0, 32000, (B,), generator=g).tolist()
     flags = [REAL * (i % 7 != 0) | SHIFTED * (i % 2) | DEVICE_TOKEN * (i % 3 == 0) for i in range(B)]
+    dst = np.zeros((B, K), dtype=np.int64)
     out = []
     for use_kernel in (True, False):
-        cs = ChainSteps(48, K, get_backend("triton"), 4, 16, table, last_count, last_token, hidden)
         stg = Staging(1 << 16, dev)
-        inputs = ChainSteps.stage(stg, rows, ns, depths, tokens, flags).t
+        cs = ChainSteps(48, K, get_backend("triton"), 4, 16, table, last_count, last_token, hidden,
+                        stg.dev.view(torch.int64))
+        stg.begin()
+        ref = ChainSteps.stage(stg, K, rows, ns, depths, tokens, flags, dst, dst, 3, R - 1)
+        stg.commit()
+        cs.load(ref.t)
         if use_kernel:
-            cs.derive(inputs, K)
+            cs.derive(K, B + 3)
         else:
-            cs._derive_torch(inputs, K)
+            cs._derive_torch(K, B + 3)
         torch.cuda.synchronize()
-        out.append([t.clone() for t in (cs.pos[:, :B], cs.ci[:, :B], cs.slot[:, :B], cs.ctx[:, :B], cs.req_row[:B],
-                                        cs.h0[:B], cs.tok0[:B])])
+        out.append([t.clone() for t in (cs.pos[:, :B + 3], cs.ci[:, :B + 3], cs.slot[:, :B + 3], cs.ctx[:, :B + 3],
+                                        cs.req_row[:B + 3], cs.h0[:B + 3], cs.tok0[:B + 3])])
     for a, b in zip(*out):
         assert torch.equal(a, b)
