@@ -39,6 +39,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from adaspec.device import shift_kernels
+from adaspec.device.shift import Shift, apply_packed
 from adaspec.device.staging import Staging
 from adaspec.layers.attention import AttnMeta
 from adaspec.layers.fused_ops import _next_pow2, triton, use_triton
@@ -50,7 +52,7 @@ if triton is not None:
     import triton.language as tl
 
     # Batch-dependent sizes are not specialised on: one compile serves every step.
-    @triton.jit(do_not_specialize=["K"])
+    @triton.jit(do_not_specialize=["stride_in", "K"])
     def _chain_steps_kernel(inp_ptr, stride_in, K, pos_ptr, slot_ptr, ci_ptr, ctx_ptr, req_row_ptr, h0_ptr, tok0_ptr,
                             last_count_ptr, last_token_ptr, hidden_ptr, block_table_ptr, stride_bt, stride_hid,
                             stride_h0, W, H, BLOCK_SIZE: tl.constexpr, K_PAD: tl.constexpr, BLOCK_H: tl.constexpr):
@@ -86,26 +88,46 @@ def _pad4(n: int) -> int:
     return -(-n // 4) * 4
 
 
+def _align16(nbytes: int) -> int:
+    return -(-nbytes // 16) * 16
+
+
+def _shift_at(K: int, b: int) -> int:
+    """Byte offset of the packed shift from the inputs: after them and the sink (`stage`)."""
+    return _align16(_align16(8 * (INPUTS + 2 * K) * b) + 8)
+
+
+def shift_bound(b: int, K: int) -> int:
+    """The most entries of each kind (int64, int32, slots) the in-flight shift of a step of b
+    requests with chains of K registers: per request, its 1 + K target rows' positions, cache
+    indices and slots, its context length and mask start, and its 1 + K draft-refresh pairs'
+    positions and slots (engine: step_layout, draft_refresh)."""
+    return b * (2 * K + 3)
+
+
 class ChainSteps:
     """Static device buffers of up to `max_batch` requests x `max_k` chain draft steps (their
     inputs, attention metadata and the draft's first inputs), filled by `load` and `derive`,
     read through `steps`. `last_count`, `last_token`, `draft_hidden` and `block_table` are the
-    engine's persistent per-row device state (engine/device_rows.py), and `flat` the step's
-    staging buffer as int64 elements: read and written in place, so a graph that captured
+    engine's persistent per-row device state (engine/device_rows.py), and `stg` the step's
+    staging buffer: read and written in place, so a graph that captured `apply_shift`,
     `derive` and `scatter` finds them at replay."""
 
     def __init__(self, max_batch: int, max_k: int, backend, group: int, block_size: int, block_table: torch.Tensor,
-                 last_count: torch.Tensor, last_token: torch.Tensor, draft_hidden: torch.Tensor, flat: torch.Tensor):
+                 last_count: torch.Tensor, last_token: torch.Tensor, draft_hidden: torch.Tensor, stg: Staging):
         dev = block_table.device
         self.max_batch, self.max_k = max_batch, max_k
         self.backend, self.group, self.block_size = backend, group, block_size
         self.block_table, self.last_count, self.last_token, self.hidden = block_table, last_count, last_token, draft_hidden
-        self.flat = flat
+        self.stg, self.flat = stg, stg.dev_as(torch.int64)
         # Rows of W elements: every row of every field starts on a 16-byte boundary (Triton
         # specialises kernels on pointer alignment; see device/staging.py).
         W = self.W = _pad4(max_batch)
         i32 = dict(dtype=torch.int32, device=dev)
-        self.inputs = torch.zeros(INPUTS + 2 * max_k, W, dtype=torch.int64, device=dev)
+        # The loaded inputs (`load`): the staged field, then the step's packed shift when the
+        # draft graph applies it, copied as they were staged (one copy).
+        self.static = torch.zeros(_shift_at(max_k, max_batch) + 8 * (shift_kernels.HEADER + 7 * shift_bound(max_batch, max_k)),
+                                  dtype=torch.uint8, device=dev)
         self.pos = torch.zeros(max_k, W, dtype=torch.int64, device=dev)
         self.slot = torch.full((max_k, W), -1, dtype=torch.int64, device=dev)
         self.ci = torch.zeros(max_k, W, **i32)
@@ -124,25 +146,32 @@ class ChainSteps:
     # ---- host -------------------------------------------------------------------------------
     @staticmethod
     def stage(stg: Staging, K: int, rows: list, ns: list, depths: list, tokens: list, flags: list,
-              dst_ids, dst_tokens, pad: int, pad_row: int):
+              dst_ids, dst_tokens, pad: int, pad_row: int, shift: Shift | None = None):
         """Stage the inputs of len(rows) drafting requests and `pad` padding ones as one
-        [INPUTS + 2K, b] field of `stg`; `dst_ids` / `dst_tokens` [B, K]: the int64 elements of
-        `stg` their drafts go to. Returns its handle."""
+        [INPUTS + 2K, b] field of `stg` and a sink element; `dst_ids` / `dst_tokens` [B, K]:
+        the int64 elements of `stg` their drafts go to. With `shift` (complete: every entry
+        registered), its packed arrays follow, for the draft graph to apply. Returns the handles
+        (inputs, packed shift or None)."""
         B = len(rows)
         h, ref = stg.reserve((INPUTS + 2 * K, B + pad), torch.int64)
+        sink = stg.reserve((1,), torch.int64)[1].start // 8   # where padding's drafts go
         h[0, :B], h[1, :B], h[2, :B], h[3, :B], h[4, :B] = rows, ns, depths, tokens, flags
         h[INPUTS: INPUTS + K, :B] = np.asarray(dst_ids).T
         h[INPUTS + K:, :B] = np.asarray(dst_tokens).T
         if pad:
-            sink, sink_ref = stg.reserve((1,), torch.int64)
             h[:INPUTS, B:] = np.array([[pad_row], [2], [0], [0], [0]])
-            h[INPUTS:, B:] = sink_ref.start // 8
-        return ref
+            h[INPUTS:, B:] = sink
+        if shift is None:
+            return ref, None
+        packed = shift.stage(stg)
+        if packed.start - ref.start != _shift_at(K, B + pad):   # (what `packed_shift` reads)
+            raise RuntimeError("chain steps: the packed shift is not staged right after the inputs")
+        return ref, packed
 
     @classmethod
-    def stage_padding(cls, stg: Staging, b: int, K: int, pad_row: int):
+    def stage_padding(cls, stg: Staging, b: int, K: int, pad_row: int, shift: Shift | None = None):
         """b padding requests (what draft graphs are captured on)."""
-        return cls.stage(stg, K, [], [], [], [], [], np.zeros((0, K)), np.zeros((0, K)), b, pad_row)
+        return cls.stage(stg, K, [], [], [], [], [], np.zeros((0, K)), np.zeros((0, K)), b, pad_row, shift)
 
     def steps(self, b: int, K: int, max_ctx_len: int) -> list:
         """[(AttnMeta, positions)] of the K steps of b requests, views of the buffers
@@ -163,50 +192,67 @@ class ChainSteps:
         return out
 
     # ---- device -----------------------------------------------------------------------------
-    def load(self, staged: torch.Tensor) -> torch.Tensor:
-        """Copy a step's staged inputs [INPUTS + 2K, b] into the static buffer (outside any
-        graph: the staged field's address varies from step to step); returns that view."""
-        r, b = staged.shape
-        view = self.inputs[:r, :b]
-        view.copy_(staged)
-        return view
+    def inputs(self, K: int, b: int) -> torch.Tensor:
+        """The loaded inputs of K steps of b requests [INPUTS + 2K, b] (a view of the static buffer)."""
+        return self.static[: 8 * (INPUTS + 2 * K) * b].view(torch.int64).view(INPUTS + 2 * K, b)
+
+    def packed_shift(self, K: int, b: int) -> torch.Tensor:
+        """The loaded packed shift of the same steps (where `stage` put it: after the inputs
+        and the sink, on a 16-byte boundary), at its largest size."""
+        at = _shift_at(K, b)
+        return self.static[at: at + 8 * (shift_kernels.HEADER + 7 * shift_bound(self.max_batch, K))].view(torch.int64)
+
+    def load(self, inputs, shift=None) -> None:
+        """Copy a step's staged inputs (and packed shift) into the static buffer: one copy of
+        the bytes they span in the staging buffer (outside any graph: their address there
+        varies from step to step)."""
+        stg = inputs.stg
+        end = (shift or inputs).start + 8 * (shift or inputs).size
+        self.static[: end - inputs.start].copy_(stg.dev[inputs.start: end])
+
+    def apply_shift(self, K: int, b: int) -> None:
+        """Apply the loaded packed shift to the step's staging buffer: a launch sized for the
+        most entries a step of chains of K registers (`shift_bound` of the largest batch: the
+        step may hold requests that do not draft); graph-safe."""
+        apply_packed(self.stg, self.packed_shift(K, b), shift_bound(self.max_batch, K), self.last_count,
+                     self.block_table, self.block_size)
 
     def derive(self, K: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Fill the buffers of K steps of b requests from the loaded inputs; returns the draft's
         first inputs (hidden [b, H], token [b]), views of the buffers. Device work only."""
         if not 0 < b <= self.max_batch or not 0 < K <= self.max_k:
             raise ValueError(f"chain steps: {b} requests x {K} steps outside {self.max_batch} x {self.max_k}")
-        inputs = self.inputs
+        inputs = self.inputs(K, b)
         if use_triton(inputs):
             H = self.hidden.shape[1]
             _chain_steps_kernel[(b,)](
-                inputs, self.W, K, self.pos, self.slot, self.ci, self.ctx, self.req_row, self.h0, self.tok0,
+                inputs, b, K, self.pos, self.slot, self.ci, self.ctx, self.req_row, self.h0, self.tok0,
                 self.last_count, self.last_token, self.hidden, self.block_table, self.block_table.stride(0),
                 self.hidden.stride(0), self.h0.stride(0), self.W, H, BLOCK_SIZE=self.block_size,
                 K_PAD=max(2, _next_pow2(self.max_k)), BLOCK_H=min(1024, _next_pow2(H)))
         else:
-            self._derive_torch(K, b)
+            self._derive_torch(inputs, K, b)
         return self.h0[:b], self.tok0[:b]
 
     def scatter(self, drafts: torch.Tensor) -> None:
         """Write drafts [b, K] to the staging elements the loaded inputs name (one op)."""
         b, K = drafts.shape
-        dst = self.inputs[INPUTS: INPUTS + 2 * K, :b]
+        dst = self.inputs(K, b)[INPUTS:]
         self.flat.index_copy_(0, dst.reshape(-1), drafts.t().repeat(2, 1).reshape(-1))
 
     def warm_up(self, stg: Staging, pad_row: int) -> int:
         """Compile the kernel before serving (graph capture does too, but not an eager engine):
         one padding request, one step. Returns the launches made."""
         stg.begin()
-        ref = self.stage_padding(stg, 1, 1, pad_row)
+        ref, _ = self.stage_padding(stg, 1, 1, pad_row)
         stg.commit()
-        self.load(ref.t)
+        self.load(ref)
         self.derive(1, 1)
         return 1
 
-    def _derive_torch(self, K: int, b: int) -> None:
+    def _derive_torch(self, inputs: torch.Tensor, K: int, b: int) -> None:
         """`derive` in PyTorch ops (CPU; the reference the kernel is tested against)."""
-        row, n, depth, tok, flags = self.inputs[:INPUTS, :b]
+        row, n, depth, tok, flags = inputs[:INPUTS]
         real = (flags & REAL) != 0
         delta = torch.where((flags & SHIFTED) != 0, self.last_count[row] - 1, 0)
         c = (n - 1 + delta)[None, :] + torch.arange(K, device=row.device)[:, None]   # [K, b]

@@ -51,36 +51,53 @@ class Shift:
     def __bool__(self) -> bool:
         return bool(self.i64 or self.i32 or self.slots)
 
-    def stage(self, into: Staging) -> dict:
-        """Stage the index arrays (into the step's buffer); returns handles for `apply`."""
-        return {"i64": self._stage(into, self.i64, 2), "i32": self._stage(into, self.i32, 2),
-                "slots": self._stage(into, self.slots, 3)}
+    def counts(self) -> tuple[int, int, int]:
+        """Entries registered: (int64, int32, slots)."""
+        return tuple(sum(len(p[0]) for p in parts) for parts in (self.i64, self.i32, self.slots))
 
-    @staticmethod
-    def _stage(into: Staging, parts: list[tuple], k: int):
-        """The parts side by side, one [k, n] int64 field (an int broadcasts over its part)."""
-        h, ref = into.reserve((k, sum(len(p[0]) for p in parts)), torch.int64)
-        at = 0
-        for p in parts:
-            m = len(p[0])
-            for r in range(k):
-                h[r, at: at + m] = p[r]
-            at += m
+    def stage(self, into: Staging) -> "_Ref":
+        """Stage the index arrays packed as one int64 field of `into` (the step's buffer): the
+        counts (n64, n32, ns), then [2, n64] (element, row), [2, n32], [3, ns] (element, cache
+        index, row). Returns its handle, for `apply` (or a graph that captured the kernel)."""
+        n64, n32, ns = self.counts()
+        h, ref = into.reserve((shift_kernels.HEADER + 2 * n64 + 2 * n32 + 3 * ns,), torch.int64)
+        h[: shift_kernels.HEADER] = (n64, n32, ns)
+        at = shift_kernels.HEADER
+        for parts, k, n in ((self.i64, 2, n64), (self.i32, 2, n32), (self.slots, 3, ns)):
+            block = h[at: at + k * n].reshape(k, n)
+            col = 0
+            for p in parts:
+                m = len(p[0])
+                for r in range(k):
+                    block[r, col: col + m] = p[r]
+                col += m
+            at += k * n
         return ref
 
-    def apply(self, staged: dict, last_count: torch.Tensor, block_table: torch.Tensor, block_size: int) -> None:
-        dev = self.stg.dev
-        if shift_kernels.shift_apply(dev, staged["i64"].t, staged["i32"].t, staged["slots"].t, last_count, block_table,
-                       block_size):
-            return
-        v64, v32 = dev.view(torch.int64), dev.view(torch.int32)
-        # (Index arrays live in a staging buffer too, so they are copied before writing.)
-        for key, view in (("i64", v64), ("i32", v32)):
-            el, rows = staged[key].t
-            if el.numel():
-                view.index_add_(0, el.clone(), (last_count[rows] - 1).to(view.dtype))
-        el, ci, rows = staged["slots"].t.clone()
-        if el.numel():
-            pos = ci + last_count[rows] - 1
-            slot = block_table[rows, pos // block_size].long() * block_size + pos % block_size
-            v64[el] = torch.where(v64[el] >= 0, slot, v64[el])
+    def apply(self, staged: "_Ref", last_count: torch.Tensor, block_table: torch.Tensor, block_size: int) -> None:
+        """Correct the staged entries on the device (after the step's block-table updates)."""
+        apply_packed(self.stg, staged.t, max(self.counts()), last_count, block_table, block_size)
+
+
+def apply_packed(stg: Staging, packed: torch.Tensor, max_entries: int, last_count: torch.Tensor,
+                 block_table: torch.Tensor, block_size: int) -> None:
+    """Apply a packed shift (`Shift.stage`'s layout) to `stg`'s device buffer: one Triton
+    launch sized for `max_entries` per part (the counts are read on the device, so a CUDA graph
+    may capture it), else PyTorch ops (which read the counts on the host)."""
+    v64, v32 = stg.dev_as(torch.int64), stg.dev_as(torch.int32)
+    if shift_kernels.shift_apply(v64, v32, packed, max_entries, last_count, block_table, block_size):
+        return
+    # (Index arrays live in a staging buffer too, so they are copied before writing.)
+    packed = packed.clone()
+    n64, n32, ns = packed[: shift_kernels.HEADER].tolist()
+    at = shift_kernels.HEADER
+    for view, n in ((v64, n64), (v32, n32)):
+        el, rows = packed[at: at + 2 * n].view(2, n)
+        if n:
+            view.index_add_(0, el, (last_count[rows] - 1).to(view.dtype))
+        at += 2 * n
+    el, ci, rows = packed[at: at + 3 * ns].view(3, ns)
+    if ns:
+        pos = ci + last_count[rows] - 1
+        slot = block_table[rows, pos // block_size].long() * block_size + pos % block_size
+        v64[el] = torch.where(v64[el] >= 0, slot, v64[el])

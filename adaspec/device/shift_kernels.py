@@ -9,6 +9,11 @@ each) took 0.22-0.25 ms (benchmarks/launch_anatomy.py), which a host-bound step 
   slots    slot[el] = slot of cache index (ci + last_count[row] - 1) of device row `row`, where
            slot[el] >= 0; `ci` is the host's staged value, so no slot reads an entry that moves
            in the same launch
+
+The index arrays come packed in one int64 array, counts first (`HEADER`), and the kernel reads
+the counts on the device: a launch sized for the most entries a step can have is the same
+launch every step, which a CUDA graph captures (the chain draft graph applies the shift of the
+steps it drafts for: `device.chain_steps`).
 """
 from __future__ import annotations
 
@@ -19,9 +24,15 @@ from adaspec.layers.fused_ops import triton, use_triton
 if triton is not None:
     import triton.language as tl
 
-    @triton.jit(do_not_specialize=["n64", "n32", "ns", "stride_bt"])
-    def _shift_kernel(v64_ptr, v32_ptr, e64_ptr, n64, e32_ptr, n32, s_ptr, ns, last_count_ptr, block_table_ptr,
-                      stride_bt, BLOCK_SIZE: tl.constexpr, BLOCK: tl.constexpr):
+    @triton.jit(do_not_specialize=["stride_bt"])
+    def _shift_kernel(v64_ptr, v32_ptr, packed_ptr, last_count_ptr, block_table_ptr, stride_bt,
+                      BLOCK_SIZE: tl.constexpr, BLOCK: tl.constexpr):
+        n64 = tl.load(packed_ptr)
+        n32 = tl.load(packed_ptr + 1)
+        ns = tl.load(packed_ptr + 2)
+        e64_ptr = packed_ptr + 3   # past the counts (HEADER)
+        e32_ptr = e64_ptr + 2 * n64
+        s_ptr = e32_ptr + 2 * n32
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m64 = i < n64
         el = tl.load(e64_ptr + i, mask=m64, other=0)
@@ -43,21 +54,21 @@ if triton is not None:
         tl.store(v64_ptr + el, tl.where(cur >= 0, slot, cur), mask=m)
 
 
-_BLOCK = 256
+BLOCK = 256
+HEADER = 3   # n64, n32, ns: the packed shift's counts (device.shift.Shift.stage)
 
 
-def shift_apply(dev: torch.Tensor, e64: torch.Tensor, e32: torch.Tensor, slots: torch.Tensor,
+def shift_apply(v64: torch.Tensor, v32: torch.Tensor, packed: torch.Tensor, max_entries: int,
                 last_count: torch.Tensor, block_table: torch.Tensor, block_size: int) -> bool:
-    """Apply a staged shift to the byte buffer `dev` with the kernel; False (nothing done)
-    where it does not run (no Triton, or a CPU tensor outside the interpreter). e64 / e32:
-    [2, n] (element, device row); slots: [3, n] (slot element, cache index, device row)."""
-    if not use_triton(dev):
+    """Apply a packed shift (its counts read on the device, at most `max_entries` of each
+    part) to the staging buffer's int64 / int32 views with the kernel; False (nothing done)
+    where it does not run (no Triton, or a CPU tensor outside the interpreter). Graph-safe:
+    the launch depends on `max_entries` only, not on the counts."""
+    if not use_triton(packed):
         return False
-    n = max(e64.shape[1], e32.shape[1], slots.shape[1])
-    if n:
-        _shift_kernel[(triton.cdiv(n, _BLOCK),)](
-            dev.view(torch.int64), dev.view(torch.int32), e64, e64.shape[1], e32, e32.shape[1], slots, slots.shape[1],
-            last_count, block_table, block_table.stride(0), BLOCK_SIZE=block_size, BLOCK=_BLOCK)
+    if max_entries > 0:
+        _shift_kernel[(triton.cdiv(max_entries, BLOCK),)](
+            v64, v32, packed, last_count, block_table, block_table.stride(0), BLOCK_SIZE=block_size, BLOCK=BLOCK)
     return True
 
 
@@ -68,6 +79,5 @@ def warm_up(last_count: torch.Tensor, block_table: torch.Tensor, block_size: int
     dev = last_count.device
     buf = torch.full((64,), 0xFF, dtype=torch.uint8, device=dev)   # int64 elements read -1
     row = last_count.shape[0] - 1
-    e = torch.tensor([[0], [row]], dtype=torch.int64, device=dev)
-    slots = torch.tensor([[1], [0], [row]], dtype=torch.int64, device=dev)
-    return shift_apply(buf, e, e, slots, last_count, block_table, block_size)
+    packed = torch.tensor([1, 1, 1, 0, row, 0, row, 1, 0, row], dtype=torch.int64, device=dev)
+    return shift_apply(buf.view(torch.int64), buf.view(torch.int32), packed, 1, last_count, block_table, block_size)

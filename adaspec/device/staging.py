@@ -49,6 +49,14 @@ class Staging:
         # offsets as the last one, and building a view costs host time (several ops) per field.
         self.views: dict[tuple, torch.Tensor] = {}
         self.derived: dict[tuple, object] = {}   # views built from views (`derive`), the same way
+        self._as: dict[torch.dtype, torch.Tensor] = {}
+
+    def dev_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """The whole device buffer as `dtype` elements (one view per dtype, built once)."""
+        t = self._as.get(dtype)
+        if t is None:
+            t = self._as[dtype] = self.dev.view(dtype)
+        return t
 
     def view(self, start: int, size: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
         key = (start, size, dtype, shape)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from adaspec.device.chain_steps import ChainSteps
+from adaspec.device.shift import Shift
 from adaspec.engine.draft_refresh import refresh_entries
 from adaspec.engine.step_layout import ForwardInputs, StepLayout, stage_forward_inputs
 from adaspec.engine.verify_step import stage_verify, verify_inputs
@@ -279,10 +280,10 @@ class CudaGraphs:
         g = self.g
         # b padding requests, loaded as `ChainDrafter.run` loads a step's chains
         g.stg.begin()
-        inputs = ChainSteps.stage_padding(g.stg, b, k, g.pad_row)
+        inputs, packed = ChainSteps.stage_padding(g.stg, b, k, g.pad_row, Shift(g.stg))   # (an empty shift)
         g.stg.commit()
-        g.chain.steps.load(inputs.t)
-        graph, out = self._record(lambda: g.chain.propose(k, b, g.max_model_len))   # split-KV: the longest
+        g.chain.steps.load(inputs, packed)
+        graph, out = self._record(lambda: g.chain.propose(k, b, g.max_model_len, shift=True))   # split-KV: the longest
         return _DraftGraph(b, graph, out)
 
     @torch.inference_mode()

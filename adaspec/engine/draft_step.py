@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from adaspec.device.chain_steps import DEVICE_TOKEN, REAL, SHIFTED, ChainSteps
+from adaspec.device.chain_steps import DEVICE_TOKEN, REAL, SHIFTED, ChainSteps, shift_bound
 from adaspec.device.shift import Shift
 from adaspec.device.staging import Staging
 from adaspec.layers.attention import ForwardContext, forward_context
@@ -50,6 +50,8 @@ class ChainBatch:
     B: int                 # drafting requests (the first B of the b staged)
     K: int                 # draft steps
     max_ctx_len: int       # host bound of the steps' contexts (eager split-KV sizing)
+    shift: Shift | None = None   # the step's in-flight shift, applied by the draft graph (None: eagerly)
+    packed_shift: object = None  # ... staged right after the inputs
 
 
 class ChainDrafter:
@@ -61,11 +63,23 @@ class ChainDrafter:
         self.head, self.steps, self.cache, self.pad_row = head, steps, cache, pad_row
         self.backend = steps.backend
 
+    @classmethod
+    def build(cls, head, backend, cache: list, group: int, rows, stg: Staging, block_size: int, max_batch: int,
+              max_k: int) -> "ChainDrafter":
+        """The drafter of an engine: `rows` its DeviceRows, `stg` its step staging buffer."""
+        steps = ChainSteps(max_batch, max_k, backend, group, block_size, rows.block_table, rows.last_count,
+                           rows.last_token, rows.draft_hidden, stg)
+        return cls(head, steps, cache, rows.pad_row)
+
     def stage(self, stg: Staging, plan, lay, rows: list[int], ids_d: torch.Tensor, vb, graphs,
-              slack: int) -> ChainBatch:
+              slack: int, shift: Shift | None = None) -> ChainBatch:
         """Stage the chains of the step's drafting requests, padded to a captured graph's batch:
         their drafts go to the target forward's input ids `ids_d` and the verify batch `vb`,
-        both staged in `stg` (`slack`: the most a step in flight may move a shifted request)."""
+        both staged in `stg` (`slack`: the most a step in flight may move a shifted request).
+        A draft graph also applies the step's in-flight `shift` (complete by now), unless it
+        registered more entries than a graph launch covers (`shift_bound` of the largest
+        batch): then it stays eager, and the graph applies an empty one (as when the step has
+        none), never a stale one."""
         spec, reqs = lay.drafting, lay.reqs
         K, B, N = lay.N - 1, len(spec), lay.N
         graph = graphs.draft_graph(B, K) if graphs is not None else None
@@ -86,14 +100,21 @@ class ChainDrafter:
         k = np.arange(1, K + 1)
         dst_ids = ids_d.storage_offset() + np.asarray(roots, dtype=np.int64)[:, None] + k
         dst_tok = vb.tokens.t.storage_offset() + np.asarray(vis, dtype=np.int64)[:, None] * N + k
-        pad = graph.batch - B if graph is not None else 0
-        inputs = ChainSteps.stage(stg, K, drows, ns, depths, tokens, flags, dst_ids, dst_tok, pad, self.pad_row)
-        return ChainBatch(inputs, graph, B, K, max(ns) + (slack if shifted else 0) + K)
+        b = graph.batch if graph is not None else B
+        in_graph = None
+        if graph is not None:   # (an empty shift, where the graph must not apply the step's)
+            fits = shift is not None and max(shift.counts()) <= shift_bound(self.steps.max_batch, K)
+            in_graph = shift if fits else Shift(stg)
+        inputs, packed = ChainSteps.stage(stg, K, drows, ns, depths, tokens, flags, dst_ids, dst_tok, b - B,
+                                          self.pad_row, in_graph)
+        return ChainBatch(inputs, graph, B, K, max(ns) + (slack if shifted else 0) + K, in_graph, packed)
 
-    def propose(self, K: int, b: int, max_ctx_len: int) -> torch.Tensor:
-        """From the loaded inputs: the steps derived, K greedy draft forwards, the drafts
-        scattered into the step; returns them [b, K] (target vocabulary). Device work only:
-        captured as is by the draft graphs."""
+    def propose(self, K: int, b: int, max_ctx_len: int, shift: bool = False) -> torch.Tensor:
+        """From the loaded inputs: the step's in-flight shift applied (with `shift`), the steps
+        derived, K greedy draft forwards, the drafts scattered into the step; returns them
+        [b, K] (target vocabulary). Device work only: captured as is by the draft graphs."""
+        if shift:
+            self.steps.apply_shift(K, b)
         h, tok = self.steps.derive(K, b)
         out = []
         for meta, pos in self.steps.steps(b, K, max_ctx_len):
@@ -108,10 +129,10 @@ class ChainDrafter:
     def run(self, batch: ChainBatch) -> torch.Tensor:
         """Draft the chains (a CUDA graph when one fits) into the target forward's input ids
         and the verify batch's tokens; returns the drafts [B, K]."""
-        inputs = self.steps.load(batch.inputs.t)
+        self.steps.load(batch.inputs, batch.packed_shift)
         if batch.graph is not None:
             return batch.graph.replay()[: batch.B]
-        return self.propose(batch.K, inputs.shape[1], batch.max_ctx_len)[: batch.B]
+        return self.propose(batch.K, batch.inputs.shape[1], batch.max_ctx_len)[: batch.B]
 
 
 @dataclass

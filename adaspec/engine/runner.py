@@ -5,8 +5,8 @@ One step (`launch` enqueues it, `collect` waits for it):
   1. stage   every input of the step (the target forward first, then the verify batch, the
              draft refresh, block-table updates, draft steps) into one pinned buffer; ONE
              host->device copy                                     (`step_layout`, `device/`)
-  2. draft   on the device, no sync: chains and trees write the target forward's ids (trees:
-             positions and mask too)                                (`draft_step`)
+  2. draft   on the device, no sync: chains (their metadata derived there) and trees write
+             the target forward's ids (trees: positions and mask too) (`draft_step`)
   3. target  one forward over prefill chunks, decodes and drafts (a CUDA graph when the batch
              is uniform: every request has the same number of query rows)
   4. verify  the LM head on the verify rows, the target's choices, verification; accepted tree
@@ -16,10 +16,11 @@ One step (`launch` enqueues it, `collect` waits for it):
 
 Between `launch` and `collect` the engine plans and launches the next step (overlap): a
 request whose last token is still on the device (`Request.pending`) gets it from
-`DeviceRows.last_token`, filled on the device before the forward.
+`DeviceRows.last_token`, filled on the device before the forward; its positions are shifted
+there by what the step in flight emitted (`device/shift.py`; by the chain draft graph itself).
 
-A step has a host half (`_prepare`: steps 1's layout and staging, naming the device work in a
-`StepProgram`) and a device half (`execute_program`: steps 2-4). With tensor parallelism
+A step has a host half (`_prepare`: step 1, naming the device work in a `StepProgram`) and a
+device half (`execute_program`: steps 2-4). With tensor parallelism
 (`tensor_parallel_size` > 1) this process is rank 0: it prepares every step once and sends it
 to the workers (`tp_driver`), and every rank runs the device half on its shard of the model
 (`adaspec/parallel`). They choose the same tokens without a word: the logits every rank
@@ -40,7 +41,6 @@ import torch
 
 from adaspec.config import EngineConfig
 from adaspec.device.select import resolve_backend, resolve_device
-from adaspec.device.chain_steps import ChainSteps
 from adaspec.device.landing import Landing
 from adaspec.device.marks import StepMarks
 from adaspec.device.shift import Shift
@@ -215,10 +215,8 @@ class ModelRunner:
         refresh = None
         if self.draft is not None:
             bt, pr = self.rows.block_table, self.rows.pad_row
-            steps = ChainSteps(sc.max_num_seqs, max(1, spc.num_steps), self.backend, self.draft_group,
-                               self.block_size, bt, self.rows.last_count, self.rows.last_token, self.rows.draft_hidden,
-                               self.stg.dev.view(torch.int64))
-            self.chain = ChainDrafter(self.draft, steps, self.draft_cache, pr)
+            self.chain = ChainDrafter.build(self.draft, self.backend, self.draft_cache, self.draft_group, self.rows,
+                                            self.stg, self.block_size, sc.max_num_seqs, max(1, spc.num_steps))
             self.trees = TreeStep(TreeDrafter(self.draft, self.backend, self.block_size, self.draft_group),
                                   self.draft_cache, bt, pr)
             refresh = DraftRefresh(self.draft, self.backend, self.draft_cache, self.rows.draft_hidden)
@@ -351,8 +349,7 @@ class ModelRunner:
             fi.pad(extra, fi.q_lens[0], lay.tree)
         stg = self.stg
         stg.begin()
-        shift = shift_d = None
-        srows = sreqs = None
+        shift = shift_d = srows = sreqs = None
         if lay.shifted:
             shift, shift_d = Shift(stg), Shift(self.draft_stg)
             srows, sreqs = shifted_rows(lay, rows)
@@ -381,10 +378,12 @@ class ModelRunner:
         fill = stg.add([fi.fill_at, fi.fill_from], torch.int64) if fi.fill_at else None
         rfill = stg.add([refresh.fill_at, refresh.fill_from], torch.int64) \
             if refresh is not None and refresh.fill_at else None
-        chain = self.chain.stage(stg, plan, lay, rows, ids_d, vb, self.graphs, self.max_draft) if lay.chain else None
+        chain = self.chain.stage(stg, plan, lay, rows, ids_d, vb, self.graphs, self.max_draft, shift) \
+            if lay.chain else None
         trees = self.trees.stage(stg, self.draft_stg, plan, lay, rows, fi.tree_offsets, self.graphs, shift_d,
                                  self.max_draft) if lay.tree and lay.drafting else None
-        shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh]
+        in_graph = chain.shift if chain else None   # (the draft graph applies it)
+        shifts = [(sh, sh.stage(stg)) for sh in (shift, shift_d) if sh and sh is not in_graph]
         stg.commit()
         count_launches(self.launch_counts, graph, post, bool(lay.verify), chain, trees)
         plp = prompt_logprob_rows(plan, lay)

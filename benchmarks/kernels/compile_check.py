@@ -152,8 +152,8 @@ def main():
             NUM_HEADS=("c", 32), NUM_KV=("c", 8), D=("c", 128), D_PAD=("c", 128), HALF=("c", 64),
             HALF_PAD=("c", 64), NORM=("c", True), BH=("c", 8), USE_GDC=("c", True))),
         ("shift", shift_kernels._shift_kernel, dict(
-            v64_ptr=torch.int64, v32_ptr=torch.int32, e64_ptr=torch.int64, n64=7, e32_ptr=torch.int64, n32=7,
-            s_ptr=torch.int64, ns=7, last_count_ptr=torch.int64, block_table_ptr=torch.int32, stride_bt=7,
+            v64_ptr=torch.int64, v32_ptr=torch.int32, packed_ptr=torch.int64, last_count_ptr=torch.int64,
+            block_table_ptr=torch.int32, stride_bt=7,
             BLOCK_SIZE=("c", 16), BLOCK=("c", 256))),
     ]
     for what, kern, a in simple:

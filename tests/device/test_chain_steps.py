@@ -32,8 +32,7 @@ def _setup(max_batch: int, max_k: int):
     last_token = torch.tensor([500, 501, 502, 503])
     hidden = torch.arange(4 * 6, dtype=torch.float32).reshape(4, 6)
     stg = Staging(1 << 14, torch.device("cpu"))
-    cs = ChainSteps(max_batch, max_k, get_backend("torch"), 1, BS, table, last_count, last_token, hidden,
-                    stg.dev.view(torch.int64))
+    cs = ChainSteps(max_batch, max_k, get_backend("torch"), 1, BS, table, last_count, last_token, hidden, stg)
     return cs, stg, table, hidden
 
 
@@ -47,7 +46,7 @@ def _stage(stg, K, rows, ns, depths, tokens, flags, pad=0, pad_row=3):
     k = np.arange(1, K + 1)
     dst_ids = ids.start // 8 + np.arange(B)[:, None] * (K + 1) + k
     dst_tok = tok.start // 8 + np.arange(B)[:, None] * (K + 1) + k
-    ref = ChainSteps.stage(stg, K, rows, ns, depths, tokens, flags, dst_ids, dst_tok, pad, pad_row)
+    ref, _ = ChainSteps.stage(stg, K, rows, ns, depths, tokens, flags, dst_ids, dst_tok, pad, pad_row)
     stg.commit()
     return ref, ids, tok
 
@@ -62,8 +61,8 @@ def test_steps_are_derived_from_row_length_depth_and_the_step_in_flight(path, mo
     # request (on the pad row 3).
     ref, _, _ = _stage(stg, K, rows=[0, 1, 2], ns=[6, 9, 4], depths=[3, 3, 1], tokens=[40, 0, 0],
                        flags=[REAL, REAL | SHIFTED | DEVICE_TOKEN, REAL | DEVICE_TOKEN], pad=1)
-    inputs = cs.load(ref.t)
-    assert inputs.shape == (INPUTS + 2 * K, 4)
+    cs.load(ref)
+    assert cs.inputs(K, 4).shape == (INPUTS + 2 * K, 4) and torch.equal(cs.inputs(K, 4), ref.t)
     h0, tok0 = cs.derive(K, 4)
 
     def slot(row, c):
@@ -92,25 +91,26 @@ def test_drafts_land_where_the_step_reads_them_and_padding_nowhere(monkeypatch):
     cs, stg, _, _ = _setup(4, 3)
     K = 2
     ref, ids, tok = _stage(stg, K, rows=[0, 2], ns=[6, 4], depths=[2, 2], tokens=[1, 2], flags=[REAL, REAL], pad=2)
-    cs.load(ref.t)
+    cs.load(ref)
     before = stg.dev.clone()
     drafts = torch.tensor([[11, 12], [21, 22], [91, 92], [93, 94]])
     cs.scatter(drafts)
     assert ids.t.tolist() == [[-7, 11, 12], [-7, 21, 22]]
     assert tok.t.tolist() == [[-7, 11, 12], [-7, 21, 22]]
-    # Padding wrote only its sink, an element past every field that was read.
+    # Padding wrote only its sink, the element after the inputs.
     changed = (stg.dev.view(torch.int64) != before.view(torch.int64)).nonzero().view(-1).tolist()
-    sink = [e for e in changed if e * 8 >= ref.start + ref.size * 8]
-    assert len(changed) == 8 + len(sink) and len(sink) == 1
+    sink = (ref.start + ref.size * 8 + 15) // 16 * 2
+    assert sorted(changed) == sorted([e for e in (ids.start // 8 + np.array([1, 2, 4, 5])).tolist()]
+                                     + (tok.start // 8 + np.array([1, 2, 4, 5])).tolist() + [sink])
 
 
 @pytest.mark.parametrize("path", ["torch", "triton"])
 def test_a_smaller_batch_leaves_the_rest_and_fits_bounds(path, monkeypatch):
     _path(path, monkeypatch)
     cs, stg, _, _ = _setup(2, 2)
-    cs.load(_stage(stg, 2, [1, 0], [5, 5], [2, 2], [7, 8], [REAL, REAL])[0].t)
+    cs.load(_stage(stg, 2, [1, 0], [5, 5], [2, 2], [7, 8], [REAL, REAL])[0])
     cs.derive(2, 2)
-    cs.load(_stage(stg, 1, [2], [3], [1], [9], [REAL])[0].t)
+    cs.load(_stage(stg, 1, [2], [3], [1], [9], [REAL])[0])
     cs.derive(1, 1)
     (meta, _), = cs.steps(1, 1, 8)
     assert meta.cache_index.tolist() == [2] and cs.ci[0, 1].item() == 4   # request 2 of the first call stays
@@ -119,3 +119,46 @@ def test_a_smaller_batch_leaves_the_rest_and_fits_bounds(path, monkeypatch):
         cs.derive(1, 3)
     with pytest.raises(ValueError, match="outside"):
         cs.derive(3, 1)
+
+
+@pytest.mark.parametrize("path", ["torch", "triton"])
+def test_the_packed_shift_loaded_with_the_inputs_is_applied_where_a_graph_finds_it(path, monkeypatch):
+    """A draft graph applies the step's in-flight shift from the static copy: the same
+    corrections as the shift applied eagerly, and an empty shift changes nothing."""
+    _path(path, monkeypatch)
+    from adaspec.device.shift import Shift
+
+    out = []
+    for in_graph in (False, True):
+        cs, stg, table, _ = _setup(4, 2)
+        last_count = cs.last_count
+        stg.begin()
+        pos = stg.add([5, 9, 13], torch.int64)
+        ci = stg.add([6, 10, 14], torch.int32)
+        slots = stg.add([3, -1, 7], torch.int64)
+        sh = Shift(stg)
+        sh.add(pos, [0, 1, 2], [1, 1, 2])
+        sh.add(ci, [0, 2], [1, 2])
+        sh.add_slots(slots, [0, 1, 2], [6, 10, 14], [1, 1, 2])
+        ref, packed = ChainSteps.stage(stg, 2, [0], [6], [2], [1], [REAL], [[0, 0]], [[0, 0]], 1, 3,
+                                       sh if in_graph else None)
+        eager = None if in_graph else sh.stage(stg)
+        stg.commit()
+        cs.load(ref, packed)
+        if in_graph:
+            cs.apply_shift(2, 2)
+        else:
+            sh.apply(eager, last_count, table, BS)
+        out.append((pos.t.tolist(), ci.t.tolist(), slots.t.tolist()))
+    assert out[0] == out[1]
+    assert out[0][0] == [7, 11, 14] and out[0][1] == [8, 10, 15]   # rows 1 (+2) and 2 (+1)
+    assert out[0][2][1] == -1 and out[0][2][0] == int(table[1, 8 // BS]) * BS + 8 % BS
+    # An empty shift staged for a graph step moves nothing.
+    cs, stg, _, _ = _setup(4, 2)
+    stg.begin()
+    pos = stg.add([5, 9], torch.int64)
+    ref, packed = ChainSteps.stage(stg, 2, [0], [6], [2], [1], [REAL], [[0, 0]], [[0, 0]], 1, 3, Shift(stg))
+    stg.commit()
+    cs.load(ref, packed)
+    cs.apply_shift(2, 2)
+    assert pos.t.tolist() == [5, 9]

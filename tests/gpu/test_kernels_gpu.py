@@ -135,16 +135,15 @@ def test_chain_steps_kernel_equals_torch_ops():
     out = []
     for use_kernel in (True, False):
         stg = Staging(1 << 16, dev)
-        cs = ChainSteps(48, K, get_backend("triton"), 4, 16, table, last_count, last_token, hidden,
-                        stg.dev.view(torch.int64))
+        cs = ChainSteps(48, K, get_backend("triton"), 4, 16, table, last_count, last_token, hidden, stg)
         stg.begin()
-        ref = ChainSteps.stage(stg, K, rows, ns, depths, tokens, flags, dst, dst, 3, R - 1)
+        ref, _ = ChainSteps.stage(stg, K, rows, ns, depths, tokens, flags, dst, dst, 3, R - 1)
         stg.commit()
-        cs.load(ref.t)
+        cs.load(ref)
         if use_kernel:
             cs.derive(K, B + 3)
         else:
-            cs._derive_torch(K, B + 3)
+            cs._derive_torch(cs.inputs(K, B + 3), K, B + 3)
         torch.cuda.synchronize()
         out.append([t.clone() for t in (cs.pos[:, :B + 3], cs.ci[:, :B + 3], cs.slot[:, :B + 3], cs.ctx[:, :B + 3],
                                         cs.req_row[:B + 3], cs.h0[:B + 3], cs.tok0[:B + 3])])
