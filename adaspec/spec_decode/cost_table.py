@@ -10,6 +10,12 @@ class CostTable(dict):
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self._points: dict[int, list] | None = None
+        self.version = 0   # bumped by every change (callers cache what they derive from the table)
+
+    def __setattr__(self, name, value):
+        if name == "_points" and value is None:
+            self.__dict__["version"] = self.__dict__.get("version", 0) + 1
+        super().__setattr__(name, value)
 
     def __setitem__(self, key, value):
         if self.get(key) != value:

@@ -151,6 +151,7 @@ class AutoPolicy(SpeculationPolicy):
     PRIOR_TOKENS = 4          # the prior rate's weight, in drafted tokens, against the first evidence
     THIN_EVIDENCE = 8         # a depth measured on fewer drafted tokens is probed 10x as often
     FRESH_WITHIN = 0.8        # keeps_draft_fresh: a depth within this of off's goodput
+    PROBE_STEPS = 3           # a probe runs this many steps; the first (the switch) is not timed
     prices_catchup = True
     BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
@@ -172,7 +173,10 @@ class AutoPolicy(SpeculationPolicy):
         self.depth = 0
         self.steps_since_spec = 0
         self.last_goodputs: dict[int, float] = {}
-        self.probes: set[int] = set()   # depths of probe steps decided, not yet observed
+        self.probes: deque = deque()   # (depth, first of its run) of probe steps decided, not yet observed
+        self.probe_run: list | None = None   # [depth, steps left] of the probe running
+        self._rates_cache: tuple = ((), [])   # (rates, rate_estimates()) of the last call
+        self._times_cache: dict = {}   # batch size -> step_time per depth, for one cost-table version
         self._last_log, self._unlogged = -float("inf"), 0   # see _log_change
         self.resume_horizon = resume_horizon
         self.token_samples: deque = deque(maxlen=window)   # (prompt / catch-up rows, seconds they added)
@@ -206,6 +210,12 @@ class AutoPolicy(SpeculationPolicy):
         return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (b - b1)
 
     def rate_estimates(self) -> list[float]:
+        key = (self.prior_rate, *self.rates)
+        if self._rates_cache[0] != key:   # (the rates change with most observations, not twice per step)
+            self._rates_cache = (key, self._rate_estimates())
+        return self._rates_cache[1]
+
+    def _rate_estimates(self) -> list[float]:
         out, last, cond = [], 1.0, self.prior_rate
         for r in self.rates:
             if r is None:
@@ -261,13 +271,27 @@ class AutoPolicy(SpeculationPolicy):
         fixed, per_row = self.catchup_fit()
         return (fixed + self.catchup_tokens * per_row) / self.resume_horizon
 
+    def step_times(self, b: int) -> list[float | None]:
+        """step_time(b, d) for every depth, computed once per version of the cost table (a
+        decision is host time of every step)."""
+        if self._times_cache.get("version") != self.times.version:
+            self._times_cache = {"version": self.times.version}
+        out = self._times_cache.get(b)
+        if out is None:
+            out = self._times_cache[b] = [self.step_time(b, d) for d in range(self.max_depth + 1)]
+        return out
+
     def goodputs(self, b: int) -> dict[int, float]:
         out, shallower = {}, []
         owed = self.resume_cost()
-        rates = self.rate_estimates()   # once per decision (a decision is host time of every step)
+        rates = self.rate_estimates()
+        times = self.step_times(b)
         k = self.bucket(b)
+        tau = 1.0
         for d in range(self.max_depth + 1):
-            t = self.step_time(b, d)
+            if d:
+                tau += rates[d - 1]
+            t = times[d]
             if t is not None and d > 0:
                 t += owed
             if t is not None and t > 0:
@@ -279,7 +303,7 @@ class AutoPolicy(SpeculationPolicy):
                 at = self.sampled_at.get((d, k), -1)
                 cost = max([t] + [te for te, ae in shallower if ae >= at])
                 shallower.append((t, at))
-                out[d] = b * self.tau(d, rates) / cost
+                out[d] = b * tau / cost
         return out
 
     def keeps_draft_fresh(self, batch_size: int) -> bool:
@@ -297,8 +321,13 @@ class AutoPolicy(SpeculationPolicy):
             # A probe from off first catches the drafts up (a step that drafts nothing): it
             # lasts until a step drafts, else its acceptance would never be measured.
             self.resuming = self.resuming - 1 if catchup_tokens else 0
-            self.probes.add(self.resume_depth)
+            self.probes.append((self.resume_depth, False))
             return self.shapes[self.resume_depth]
+        if self.probe_run is not None:   # the rest of a probe's run
+            depth, left = self.probe_run
+            self.probe_run = [depth, left - 1] if left > 1 else None
+            self.probes.append((depth, False))
+            return self.shapes[depth]
         g = self.goodputs(max(1, batch_size))
         self.last_goodputs = g
         if not g:
@@ -324,9 +353,11 @@ class AutoPolicy(SpeculationPolicy):
         every = max(1, self.probe_every // 10) if thin else self.probe_every
         if probe is not None and self.steps_since_spec >= every:
             self.steps_since_spec = 0
-            self.probes.add(probe)
+            self.probes.append((probe, True))
             if self.depth == 0 and catchup_tokens:
                 self.resuming, self.resume_depth = 4, probe   # chunked catch-ups included
+            elif self.PROBE_STEPS > 1:
+                self.probe_run = [probe, self.PROBE_STEPS - 1]
             return self.shapes[probe]
         return self.shapes[self.depth]
 
@@ -369,14 +400,21 @@ class AutoPolicy(SpeculationPolicy):
     def observe(self, fb: StepFeedback) -> None:
         self.num_observed += 1
         depth = len(fb.drafted_per_position)
-        probe = depth in self.probes
-        self.probes.discard(depth)
+        probe = first = False
+        if self.probes and self.probes[0][0] == depth:
+            probe, first = True, self.probes.popleft()[1]
         key = (depth, self.bucket(fb.batch_size))
-        # A probe is one step of another depth between steps of the chosen one; its acceptance
-        # counts, but its time is not the steady cost of that depth (measured on the H200: a
-        # depth-3 probe between depth-2 steps took 22 ms where depth-3 steps take 7), so it
-        # only fills a cost-table entry that is still empty.
-        if fb.num_prefill_tokens == 0 and fb.batch_size > 0 and not (probe and key in self.times):
+        # A probe is a short run of another depth between steps of the chosen one; its
+        # acceptance counts. The step that switches to it is not that depth's steady cost
+        # (measured on the H200: a depth-3 probe between depth-2 steps took 22 ms where depth-3
+        # steps take 7): it only fills an empty entry. The run's later steps are samples like
+        # any, and replace an entry gone stale (no sample for `window` steps): a depth timed
+        # once, when the host was slower, kept its figure for good otherwise (session 13:
+        # depth 4 at 1.33 ms against depth 3's 1.09, both costing about the same; `auto` stayed
+        # at 3, 0.66x `always`).
+        if fb.num_prefill_tokens == 0 and fb.batch_size > 0 and not (probe and first and key in self.times):
+            if probe and self.num_observed - self.sampled_at.get(key, self.num_observed) > self.window:
+                self.samples.pop(key, None)   # stale: the run's steps replace its samples
             self._sample(key, fb.step_time)
         elif fb.num_prefill_tokens > 0:   # what its prompt / catch-up rows added to the step
             decode = self.step_time(max(1, fb.batch_size), depth)

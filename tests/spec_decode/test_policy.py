@@ -299,9 +299,11 @@ def test_auto_first_rejection_does_not_zero_the_estimate():
 
 
 def test_auto_probe_timings_do_not_overwrite_the_cost_table():
-    """A probe is one step of a deeper draft between steps of the chosen depth. On the H200 such
-    a step was timed at 3x the steady cost of that depth, and three probes priced depth 3 out
-    at batch 1 for good. A probe's acceptance counts; its time only fills an empty entry."""
+    """A probe is a short run of a deeper draft between steps of the chosen depth. On the H200
+    the step that switched depth was timed at 3x the steady cost of that depth, and three probes
+    priced depth 3 out at batch 1 for good. A probe's acceptance counts; its first step's time
+    only fills an empty entry; the run's later steps are samples, and replace an entry gone
+    stale (a depth timed once when the host was slower kept its figure for good otherwise)."""
     pol = AutoPolicy(SpecConfig(draft="x", policy="auto", num_steps=4, topk=1, auto_profile=True))
     steady = {0: 0.00483, 1: 0.0055, 2: 0.00606, 3: 0.00624}      # seconds at b=1; depth 4 unknown
     pol.warm_up(lambda shapes: {(1, d): t for d, t in steady.items()})
@@ -309,20 +311,30 @@ def test_auto_probe_timings_do_not_overwrite_the_cost_table():
     pol.evidence = [1000] * 4       # those rates as if measured on many tokens
     pol.depth = 2
     pol.steps_since_spec = pol.probe_every
+
+    def step(d, t):
+        pol.observe(StepFeedback(batch_size=1, num_tokens=d + 1, draft_len=d, step_time=t,
+                                 accepted_per_position=(1,) * d, drafted_per_position=(1,) * d))
+
     assert pol.decide(1).num_nodes == 4 and pol.depth == 3   # 3 is chosen, 4 (never timed) probed
     key4 = (4, pol.bucket(1))
-    pol.observe(StepFeedback(batch_size=1, num_tokens=5, draft_len=4, step_time=0.0210,
-                             accepted_per_position=(1, 1, 1, 1), drafted_per_position=(1, 1, 1, 1)))
-    assert pol.times[key4] == 0.0210             # an empty entry is filled by the probe
+    step(4, 0.0210)
+    assert pol.times[key4] == 0.0210             # an empty entry is filled by the probe's first step
     assert pol.rates[3] is not None
-    pol.times[key4] = 0.0069                     # (say a start-up profile had timed it)
+    assert [pol.decide(1).num_nodes for _ in range(pol.PROBE_STEPS - 1)] == [4] * (pol.PROBE_STEPS - 1)
+    for _ in range(pol.PROBE_STEPS - 1):
+        step(4, 0.0071)
+    assert pol.times[key4] == 0.0071             # the run's later steps are samples
     pol.steps_since_spec = pol.probe_every
     assert pol.decide(1).num_nodes == 4          # probed again
     rate_before = pol.rates[3]
-    pol.observe(StepFeedback(batch_size=1, num_tokens=5, draft_len=4, step_time=0.0210,
-                             accepted_per_position=(1, 1, 1, 1), drafted_per_position=(1, 1, 1, 1)))
-    assert pol.times[key4] == 0.0069             # the probe's time leaves a known entry alone
+    step(4, 0.0210)
+    assert pol.times[key4] == 0.0071             # the switch step's time leaves a known entry alone
     assert pol.rates[3] > rate_before            # its acceptance still counts
+    for _ in range(pol.PROBE_STEPS - 1):
+        assert pol.decide(1).num_nodes == 4
+        step(4, 0.0090)
+    assert pol.times[key4] == 0.0071             # fresh samples join the window: the fastest stands
     # A step of the chosen depth is a sample of its entry: the fastest of a recent window. The
     # start-up profile's figure is no sample: the first step measured in service replaces it
     # (the profile times launches alone, what a host-bound step pays besides is not in it).
@@ -341,6 +353,36 @@ def test_auto_probe_timings_do_not_overwrite_the_cost_table():
                              accepted_per_position=(1, 1, 0), drafted_per_position=(1, 1, 1)))
     assert pol.times[key3] == 0.0090   # ... until it has left the window
     assert pol.times[(2, pol.bucket(1))] == steady[2]   # depths not measured in service keep the profile's
+
+
+def test_auto_renews_a_stale_figure_in_a_probe_run():
+    """A depth timed only while the host was slower keeps a high figure no probe used to
+    touch: on the H200 (session 13, the demo pair at batch 1) depth 4 stood at 1.33 ms against
+    depth 3's 1.09 where both cost about the same, and `auto` ran depth 3 at 0.66x `always`.
+    A probe run's later steps replace an entry with no sample for a whole window."""
+    pol = AutoPolicy(SpecConfig(draft="x", policy="auto", num_steps=4, topk=1, auto_profile=True))
+    pol.warm_up(lambda shapes: {(1, d): t for d, t in {0: 0.0048, 1: 0.0055, 2: 0.0058, 3: 0.006, 4: 0.0062}.items()})
+    pol.rates[:] = [0.85, 0.8, 0.75, 0.7]
+    pol.evidence = [10 ** 6] * 4   # measured on so many tokens that the probes' moves nothing
+
+    def step(d, t):
+        pol.observe(StepFeedback(batch_size=1, num_tokens=d + 1, draft_len=d, step_time=t,
+                                 accepted_per_position=(1,) * d, drafted_per_position=(1,) * d))
+
+    key4 = (4, pol.bucket(1))
+    for _ in range(5):
+        step(4, 0.0075)   # a slow period
+    for _ in range(pol.window + 1):
+        step(3, 0.0062)
+    pol.depth, pol.steps_since_spec = 3, pol.probe_every   # a probe is due
+    assert pol.decide(1).num_nodes == 4
+    assert pol.depth == 3 and pol.times[key4] == 0.0075
+    for t in (0.0300, 0.0063, 0.0064):    # the run: its switch step, then two steady ones
+        step(4, t)
+        if t != 0.0064:
+            assert pol.decide(1).num_nodes == 4
+    assert pol.times[key4] == 0.0063
+    assert pol.decide(1).num_nodes == 4 and pol.depth == 4
 
 
 def test_auto_keeps_its_depth_through_runs_of_slow_steps():

@@ -13,7 +13,8 @@ child, which is how the policy models trees too, by depth level). Contracts:
       configuration by more than the policy's margin;
   (c) with acceptance ~0 the choice is off at every batch size;
   (d) once warm the choice is stable: the committed shape does not change, and the only other
-      shape run is the one-level-deeper probe, at most once every `probe_every` steps.
+      shape run is the one-level-deeper probe, a run of `PROBE_STEPS` steps at most once every
+      `probe_every` steps.
 Regenerate the data file from the benchmark results with `python tests/test_policy_h200.py`.
 """
 from __future__ import annotations
@@ -153,8 +154,11 @@ def settled_choice(pol: AutoPolicy, b: int, rate: float) -> int:
     (c,) = committed
     probes = [i for i, (d, _) in enumerate(trace) if d != c]
     assert all(trace[i][0] == c + 1 for i in probes), (b, c, trace)  # only the one-deeper probe
-    assert all(j - i >= pol.probe_every for i, j in zip(probes, probes[1:])), (b, probes)
-    assert len(probes) <= WINDOW // pol.probe_every + 1
+    runs = [i for i in probes if i - 1 not in probes]                # ... in runs of PROBE_STEPS
+    assert all(i + k in probes for i in runs[:-1] for k in range(pol.PROBE_STEPS)), (b, probes)
+    assert len(probes) <= len(runs) * pol.PROBE_STEPS, (b, probes)
+    assert all(j - i >= pol.probe_every for i, j in zip(runs, runs[1:])), (b, runs)
+    assert len(runs) <= WINDOW // pol.probe_every + 1
     return c
 
 
