@@ -1,4 +1,4 @@
-"""The `auto` policy's cost table (spec_decode/policy.py: AutoPolicy.times)."""
+"""The `auto` policy's cost table (spec_decode/auto_policy.py: AutoPolicy.times)."""
 from __future__ import annotations
 
 

@@ -385,6 +385,41 @@ def test_auto_renews_a_stale_figure_in_a_probe_run():
     assert pol.decide(1).num_nodes == 4 and pol.depth == 4
 
 
+def test_auto_times_a_probe_against_the_steps_just_before_it():
+    """Session 13 (H200, demo pair, batch 1): depth 2's figure was the fastest of its window,
+    1.09 and 1.38 ms stood for depths 3 and 4 from a slower period, no deeper level could win
+    by them, so none was probed again, and `auto` made 0.84x `always`. A deeper level gone
+    stale is probed (seldom), and a probe step counts as its time relative to the chosen
+    depth's steps just before it, times the chosen depth's figure."""
+    pol = AutoPolicy(SpecConfig(draft="x", policy="auto", num_steps=4, topk=1, auto_profile=True))
+    pol.warm_up(lambda shapes: {(1, d): 1e-3 for d in range(5)})
+    pol.rates[:] = [0.85, 0.8, 0.6, 0.5]
+    pol.evidence = [10 ** 6] * 4
+
+    def step(d, t):
+        pol.observe(StepFeedback(batch_size=1, num_tokens=d + 1, draft_len=d, step_time=t,
+                                 accepted_per_position=(1,) * d, drafted_per_position=(1,) * d))
+
+    k = pol.bucket(1)
+    for d, t in ((3, 0.00116), (4, 0.00138)):   # a slow hour of the host
+        for _ in range(3):
+            step(d, t)
+    for _ in range(pol.window + 1):
+        step(2, 0.000705)                       # a fast one
+    for _ in range(3):
+        step(2, 0.0010)                         # now
+    pol.depth, pol.steps_since_spec = 2, 0
+    assert not pol._could_win(1, 2, 3) and not pol._could_win(1, 2, 4)
+    seen = [pol.decide(1).num_nodes for _ in range(4 * pol.probe_every)]
+    assert seen[:-1] == [2] * (4 * pol.probe_every - 1) and seen[-1] == 3   # the stale level, seldom
+    step(3, 0.0030)                             # the switch step: not timed (a known entry)
+    for t in (0.00102, 0.00104):
+        assert pol.decide(1).num_nodes == 3
+        step(3, t)
+    assert pol.times[(3, k)] == pytest.approx(0.00102 * 0.000705 / 0.0010)
+    assert pol.decide(1).num_nodes == 3 and pol.depth == 3
+
+
 def test_auto_keeps_its_depth_through_runs_of_slow_steps():
     """Runs of steps timed far above their steady cost (seen on the H200 at batch 1, where the
     host set the pace) must not price the depth in use out against depths timed earlier."""
