@@ -11,6 +11,10 @@ the start-up profile is seeded with the exact costs, as `auto`'s profile seeds i
 written: tokens per ms of `auto` per seed over the expected tokens per ms of the best fixed
 length (same noise model, so 1.0 is reachable), its mean and worst seed, and how its steps were
 spread over the lengths. `--ema` / `--probe-every` / `--thin` vary the policy's parameters.
+`--drift A --drift-period P`: the host's speed moves too, every length's cost times a factor
+drawn from U(1 - A, 1 + A) every P steps (the H200 host: +-25% from one minute to the next, seen
+as `auto` pricing lengths timed in different minutes against each other); the best fixed length
+is then judged at the run's mean factor.
 The figures of session 9's demo pair: `results/h200/session9_2026-12-03/` (call 4, server log).
 """
 from __future__ import annotations
@@ -31,7 +35,8 @@ def expected_rate(costs: list[float], cond: list[float], b: int, noise: float) -
     return {d: b * (1 + sum(math.prod(cond[: j + 1]) for j in range(d))) / costs[d] for d in range(len(costs))}
 
 
-def simulate(costs: list[float], cond: list[float], b: int, steps: int, seed: int, noise: float, **policy) -> dict:
+def simulate(costs: list[float], cond: list[float], b: int, steps: int, seed: int, noise: float,
+             drift: float = 0.0, period: int = 0, **policy) -> dict:
     thin = policy.pop("thin", None)
     pol = AutoPolicy(SpecConfig(draft="sim", num_steps=len(costs) - 1), **policy)
     if thin is not None:
@@ -40,9 +45,13 @@ def simulate(costs: list[float], cond: list[float], b: int, steps: int, seed: in
         key = (d, pol.bucket(b))
         pol._sample(key, t)
         pol.profiled.add(key)
-    rng = random.Random(seed)
+    rng, host_rng = random.Random(seed), random.Random(seed + 10 ** 6)
     tokens, seconds, depths = 0, 0.0, Counter()
-    for _ in range(steps):
+    host, host_sum = 1.0, 0.0
+    for i in range(steps):
+        if drift and period and i % period == 0:
+            host = host_rng.uniform(1 - drift, 1 + drift)
+        host_sum += host
         shape = pol.decide(b, 0)
         d = 0 if shape is None else shape.num_steps
         accepted = [0] * d
@@ -53,12 +62,12 @@ def simulate(costs: list[float], cond: list[float], b: int, steps: int, seed: in
             for j in range(k):
                 accepted[j] += 1
             tokens += k + 1
-        t = costs[d] * rng.uniform(1 - noise, 1 + noise)
+        t = costs[d] * host * rng.uniform(1 - noise, 1 + noise)
         seconds += t
         depths[d] += 1
         pol.observe(StepFeedback(batch_size=b, num_tokens=b * (d + 1), draft_len=d, step_time=t,
                                  accepted_per_position=tuple(accepted), drafted_per_position=(b,) * d))
-    return {"tok_per_s": tokens / seconds, "depths": dict(sorted(depths.items()))}
+    return {"tok_per_s": tokens / seconds, "depths": dict(sorted(depths.items())), "mean_host": host_sum / steps}
 
 
 def main(argv=None) -> int:
@@ -72,6 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ema", type=float, default=None)
     ap.add_argument("--probe-every", type=int, default=None)
     ap.add_argument("--thin", type=int, default=None, help="AutoPolicy.THIN_EVIDENCE")
+    ap.add_argument("--drift", type=float, default=0.0, help="the host's speed factor range, +- this fraction")
+    ap.add_argument("--drift-period", type=int, default=0, help="steps between the host's speed changes")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     costs = [float(x) / 1e3 for x in a.costs.split(",")]
@@ -81,13 +92,14 @@ def main(argv=None) -> int:
     policy = {k: v for k, v in (("ema", a.ema), ("probe_every", a.probe_every), ("thin", a.thin)) if v is not None}
     fixed = expected_rate(costs, cond, a.batch, a.noise)
     best_d = max(fixed, key=fixed.get)
-    runs = [simulate(costs, cond, a.batch, a.steps, s, a.noise, **dict(policy)) for s in range(a.seeds)]
-    ratios = [r["tok_per_s"] / fixed[best_d] for r in runs]
+    runs = [simulate(costs, cond, a.batch, a.steps, s, a.noise, a.drift, a.drift_period, **dict(policy))
+            for s in range(a.seeds)]
+    ratios = [r["tok_per_s"] * r["mean_host"] / fixed[best_d] for r in runs]
     spread = Counter()
     for r in runs:
         spread.update(r["depths"])
     res = {"costs_ms": [c * 1e3 for c in costs], "cond": cond, "batch": a.batch, "steps": a.steps, "seeds": a.seeds,
-           "noise": a.noise, "policy": policy, "fixed_tok_per_ms": {d: v / 1e3 for d, v in fixed.items()},
+           "noise": a.noise, "drift": a.drift, "drift_period": a.drift_period, "policy": policy, "fixed_tok_per_ms": {d: v / 1e3 for d, v in fixed.items()},
            "best_fixed": best_d, "auto_over_best": ratios, "mean": statistics.mean(ratios), "worst": min(ratios),
            "steps_by_length": dict(sorted(spread.items()))}
     print(f"best fixed: length {best_d} ({fixed[best_d] / 1e3:.3f} tok/ms; off {fixed[0] / 1e3:.3f})")
