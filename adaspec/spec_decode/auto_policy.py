@@ -251,6 +251,9 @@ class AutoPolicy(SpeculationPolicy):
         self.steps_since_spec += 1
         if self.steps_since_spec < max(1, self.probe_every // 10):   # no probe can be due yet
             return self.shapes[self.depth]
+        if self.steps_since_spec < self.probe_every and \
+                all(self.evidence[d - 1] >= self.THIN_EVIDENCE for d in range(self.depth + 1, self.max_depth + 1)):
+            return self.shapes[self.depth]   # ... nor before probe_every, but a thin level's
         deeper = [d for d in range(self.depth + 1, self.max_depth + 1) if self._could_win(batch_size, self.depth, d)]
         thin = [d for d in deeper if self.evidence[d - 1] < self.THIN_EVIDENCE]
         # A deeper level whose figure went stale may be priced out by a slower hour of the
