@@ -6,6 +6,7 @@ import importlib.util
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
 from adaspec import SamplingParams
@@ -156,3 +157,14 @@ def record_post_graphs(monkeypatch) -> list[tuple[bool, str | None]]:
 
     monkeypatch.setattr(cuda_graph.CudaGraphs, "post_graph", post_graph)
     return seen
+
+
+def kernel_path(path: str, monkeypatch) -> None:
+    """Run the device floor's kernels through PyTorch ops ("torch") or their Triton kernels
+    ("triton": the interpreter on CPU; skipped where Triton is missing or a GPU would run them)."""
+    if path == "triton":
+        if importlib.util.find_spec("triton") is None or torch.cuda.is_available():
+            pytest.skip("the Triton path runs here only under the CPU interpreter")
+        monkeypatch.setenv("ADASPEC_TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("ADASPEC_TRITON_INTERPRET", raising=False)

@@ -3,8 +3,6 @@ every step against the layout written out by hand, through the PyTorch ops and t
 kernel (the interpreter on CPU), and the drafts' scatter into the staging buffer."""
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 import torch
@@ -12,17 +10,9 @@ import torch
 from adaspec.device.chain_steps import DEVICE_TOKEN, INPUTS, REAL, SHIFTED, ChainSteps
 from adaspec.device.staging import Staging
 from adaspec.layers.attention import get_backend
+from helpers import kernel_path
 
 BS = 4
-
-
-def _path(path, monkeypatch):
-    if path == "triton":
-        if importlib.util.find_spec("triton") is None or torch.cuda.is_available():
-            pytest.skip("the Triton path runs here only under the CPU interpreter")
-        monkeypatch.setenv("ADASPEC_TRITON_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("ADASPEC_TRITON_INTERPRET", raising=False)
 
 
 def _setup(max_batch: int, max_k: int):
@@ -53,7 +43,7 @@ def _stage(stg, K, rows, ns, depths, tokens, flags, pad=0, pad_row=3):
 
 @pytest.mark.parametrize("path", ["torch", "triton"])
 def test_steps_are_derived_from_row_length_depth_and_the_step_in_flight(path, monkeypatch):
-    _path(path, monkeypatch)
+    kernel_path(path, monkeypatch)
     cs, stg, table, hidden = _setup(6, 4)
     K = 3
     # row 0: on the host, full depth; row 1: shifted (its step in flight emitted 3: +2) with its
@@ -87,7 +77,7 @@ def test_steps_are_derived_from_row_length_depth_and_the_step_in_flight(path, mo
 
 
 def test_drafts_land_where_the_step_reads_them_and_padding_nowhere(monkeypatch):
-    _path("torch", monkeypatch)
+    kernel_path("torch", monkeypatch)
     cs, stg, _, _ = _setup(4, 3)
     K = 2
     ref, ids, tok = _stage(stg, K, rows=[0, 2], ns=[6, 4], depths=[2, 2], tokens=[1, 2], flags=[REAL, REAL], pad=2)
@@ -106,7 +96,7 @@ def test_drafts_land_where_the_step_reads_them_and_padding_nowhere(monkeypatch):
 
 @pytest.mark.parametrize("path", ["torch", "triton"])
 def test_a_smaller_batch_leaves_the_rest_and_fits_bounds(path, monkeypatch):
-    _path(path, monkeypatch)
+    kernel_path(path, monkeypatch)
     cs, stg, _, _ = _setup(2, 2)
     cs.load(_stage(stg, 2, [1, 0], [5, 5], [2, 2], [7, 8], [REAL, REAL])[0])
     cs.derive(2, 2)
@@ -125,7 +115,7 @@ def test_a_smaller_batch_leaves_the_rest_and_fits_bounds(path, monkeypatch):
 def test_the_packed_shift_loaded_with_the_inputs_is_applied_where_a_graph_finds_it(path, monkeypatch):
     """A draft graph applies the step's in-flight shift from the static copy: the same
     corrections as the shift applied eagerly, and an empty shift changes nothing."""
-    _path(path, monkeypatch)
+    kernel_path(path, monkeypatch)
     from adaspec.device.shift import Shift
 
     out = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from adaspec import LLM, SamplingParams
-from helpers import prompts_of_lengths
+from helpers import kernel_path, prompts_of_lengths
 
 POLICIES = {
     "off": dict(),
@@ -121,27 +121,13 @@ def test_incremental_outputs_add_up_under_overlap(tok_model_dir, policy):
     assert eng.stats()["generation_tokens"] == sum(len(o.token_ids) for o in final.values())
 
 
-def _shift_path(path, monkeypatch):
-    """Run Shift.apply through the PyTorch ops or the Triton kernels (interpreted on CPU)."""
-    import importlib.util
-
-    import torch
-
-    if path == "triton":
-        if importlib.util.find_spec("triton") is None or torch.cuda.is_available():
-            pytest.skip("the Triton path runs here only under the CPU interpreter")
-        monkeypatch.setenv("ADASPEC_TRITON_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("ADASPEC_TRITON_INTERPRET", raising=False)
-
-
 @pytest.mark.parametrize("path", ["torch", "triton"])
 def test_shift_moves_slots_with_cache_index(path, monkeypatch):
     """A shifted row's slot is that of its shifted cache index, which for draft rows is not
     its position (the EAGLE-3 pair at position p lives at cache index p + 1)."""
     import torch
 
-    _shift_path(path, monkeypatch)
+    kernel_path(path, monkeypatch)
     from adaspec.device.shift import Shift
     from adaspec.device.staging import Staging, stage_forward
     from adaspec.layers.attention import get_backend
@@ -179,7 +165,7 @@ def test_shift_kernels_equal_torch_ops(monkeypatch):
     from adaspec.device.shift import Shift
     from adaspec.device.staging import Staging
 
-    _shift_path("triton", monkeypatch)
+    kernel_path("triton", monkeypatch)
     rng = np.random.default_rng(3)
     bs, rows = 4, 6
     table = torch.as_tensor(rng.permutation(64)[: rows * 10].reshape(rows, 10), dtype=torch.int32)
@@ -197,7 +183,7 @@ def test_shift_kernels_equal_torch_ops(monkeypatch):
     monkeypatch.setattr(shift_kernels, "shift_apply", lambda *a: ran.append(kernels(*a)) or ran[-1])
     out = {}
     for path in ("torch", "triton"):
-        _shift_path(path, monkeypatch)
+        kernel_path(path, monkeypatch)
         stg = Staging(1 << 14, torch.device("cpu"))
         stg.begin()
         sh = Shift(stg)
@@ -219,7 +205,7 @@ def test_shift_kernels_equal_torch_ops(monkeypatch):
             for s0, b, r in zip(slots0, base, rs)]
     assert out["triton"][2].tolist() == want
     # The start-up warm-up launches the kernel and changes no engine state.
-    _shift_path("triton", monkeypatch)
+    kernel_path("triton", monkeypatch)
     lc = last_count.clone()
     assert kernels.__module__ == shift_kernels.__name__ and shift_kernels.warm_up(last_count, table, bs)
     assert torch.equal(last_count, lc)
