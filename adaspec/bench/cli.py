@@ -18,8 +18,8 @@ from typing import Sequence
 from adaspec.bench.client import ApiTarget, BenchError, server_root
 from adaspec.bench.configs import ServerConfig, check_flags, parse_configs, parse_policy, raising
 from adaspec.bench.datasets import Dataset, load_dataset
-from adaspec.bench.report import (compare_rows, compare_table, plot_runs, simulated_banner,
-                                  sweep_table, write_json)
+from adaspec.bench.report import (compare_rows, compare_table, plot_runs, rounds_summary, rounds_table,
+                                  simulated_banner, sweep_table, write_json)
 from adaspec.bench.server import ServerProcess, free_port
 from adaspec.bench.sweep import Level, SweepConfig, run_sweep
 
@@ -314,8 +314,14 @@ def compare_main(argv: Sequence[str]) -> int:
     p.add_argument("--out-dir", required=True, help="compare.json, compare.png and server logs")
     p.add_argument("--server-timeout", type=float, default=600.0,
                    help="seconds to wait for each server's /health")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every configuration this many times, the configurations interleaved (a fresh "
+                        "server each), and add the median tok/s and each round's ratio to the first "
+                        "configuration (a host whose speed moves from one process to the next)")
     add_bench_args(p, for_compare=True)
     a = p.parse_args(list(argv))
+    if a.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {a.rounds}")
     from adaspec.demo import apply_demo_defaults
     try:
         apply_demo_defaults(a, set_policy=False)  # no --model: the bundled demo pair
@@ -340,14 +346,17 @@ def compare_main(argv: Sequence[str]) -> int:
         simulated = next(iter(rates))
     title = (f"adaspec compare: model={a.model} draft={a.draft} dataset={dataset.name} "
              f"in={a.input_len} out={a.output_len} prompts/level={_text(a.num_prompts)}")
-    runs: dict[str, dict] = {}
+    rounds: list[dict[str, dict]] = []
     failures = 0
     interrupted = False
-    for c, _, ns in planned:
+    for rnd, (c, _, ns) in [(r, x) for r in range(a.rounds) for x in planned]:
+        if len(rounds) <= rnd:
+            rounds.append({})
+        runs = rounds[rnd]
         label = c.label
         port = free_port()
         cmd, _ = config_server_command(p, a, c, port)
-        safe = label.replace(":", "-")
+        safe = label.replace(":", "-") + (f"-round{rnd + 1}" if a.rounds > 1 else "")
         entry: dict = {"policy": c.policy, "spec_disable_batch_size": c.disable_bs,
                        "flags": list(c.flags), "request_json": c.request_fields or None,
                        "config": c.to_text(), "server_command": cmd,
@@ -382,6 +391,7 @@ def compare_main(argv: Sequence[str]) -> int:
         if _completed(entry) == 0:
             failures += 1
 
+    runs = rounds[0]
     rows = compare_rows(runs)
     names = [c.label for c in configs]
     print()
@@ -391,6 +401,10 @@ def compare_main(argv: Sequence[str]) -> int:
               "simulated_acceptance": simulated,
               "simulated_acceptance_note": simulated_banner(simulated) or None,
               "configs": runs, "comparison": rows}
+    if a.rounds > 1:   # (the table above and "configs": the first round)
+        summary = rounds_summary(rounds, names)
+        print(f"\nover {len(rounds)} rounds:\n" + rounds_table(summary, names))
+        result.update(rounds=rounds, rounds_summary=summary)
     print(f"results: {write_json(out_dir / 'compare.json', result)}")
     print(f"plot:    {plot_runs(out_dir / 'compare.png', runs, title, simulated)}")
     if interrupted:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -130,6 +131,39 @@ def compare_table(rows: Sequence[Mapping], configs: Sequence[str], title: str = 
     parts.append("")
     parts.append(latency_table(rows, configs))
     return "\n".join(parts)
+
+
+def rounds_summary(rounds: Sequence[Mapping[str, Mapping]], configs: Sequence[str]) -> list[dict]:
+    """Over several rounds of the same configurations (`compare --rounds`): one dict per level,
+    ``{"level", "throughput": {cfg: [tok/s per round]}, "median": {cfg: tok/s}, "ratio":
+    {cfg: [tok/s over the first configuration's, per round]}, "median_ratio": {cfg: x}}``.
+    A ratio pairs figures of one round (servers started one after the other), so a host that
+    is faster in one round than the next moves both sides; a round without a figure is left out."""
+    per_round = [{r["level"]: r["throughput"] for r in compare_rows(runs)} for runs in rounds]
+    levels = list(dict.fromkeys(level for rows in per_round for level in rows))
+    ref = configs[0]
+    out = []
+    for level in levels:
+        tput = {c: [rows.get(level, {}).get(c) for rows in per_round] for c in configs}
+        ratio = {c: [t / r if t and r else None for t, r in zip(tput[c], tput[ref])] for c in configs}
+        out.append({"level": level, "throughput": tput, "ratio": ratio,
+                    "median": {c: _median([v for v in tput[c] if v]) for c in configs},
+                    "median_ratio": {c: _median([v for v in ratio[c] if v]) for c in configs}})
+    return out
+
+
+def rounds_table(summary: Sequence[Mapping], configs: Sequence[str]) -> str:
+    """`rounds_summary` as text: per level and configuration, the median tok/s, and its ratio
+    to the first configuration in each round and their median."""
+    ref = configs[0]
+    header = ["level", "config", "median tok/s", f"x {ref} per round", f"median x {ref}"]
+    body = [[r["level"], c, _fmt(r["median"][c]), " ".join(_fmt(v, 2) for v in r["ratio"][c]),
+             _fmt(r["median_ratio"][c], 2)] for r in summary for c in configs]
+    return _render(header, body)
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
 
 
 def latency_table(rows: Sequence[Mapping], configs: Sequence[str]) -> str:

@@ -679,3 +679,23 @@ def test_server_process_start_health_stop(tmp_path):
         with slow:
             pass
     assert slow.proc.returncode is not None
+
+
+def test_compare_rounds_summary_pairs_each_round():
+    """`compare --rounds`: medians over rounds, and each configuration over the first one within
+    a round (the host's speed moves from one round to the next: ratios pair figures of one round)."""
+    from adaspec.bench.report import rounds_summary, rounds_table
+
+    def lv(c, tput):
+        return {"mode": "closed", "concurrency": c, "output_throughput": tput}
+
+    rounds = [{"off": {"levels": [lv(1, 100.0)]}, "auto": {"levels": [lv(1, 160.0)]}},
+              {"off": {"levels": [lv(1, 130.0)]}, "auto": {"levels": [lv(1, 156.0)]}},
+              {"off": {"levels": [lv(1, 110.0)]}, "auto": {"levels": [], "error": "died"}}]
+    (row,) = rounds_summary(rounds, ["off", "auto"])
+    assert row["throughput"]["auto"] == [160.0, 156.0, None]
+    assert row["ratio"]["auto"] == [pytest.approx(1.6), pytest.approx(1.2), None]
+    assert row["median"] == {"off": 110.0, "auto": 158.0}
+    assert row["median_ratio"]["auto"] == pytest.approx(1.4) and row["median_ratio"]["off"] == 1.0
+    text = rounds_table([row], ["off", "auto"])
+    assert "median x off" in text and "1.60 1.20 -" in text

@@ -170,3 +170,24 @@ def test_compare_reports_a_server_that_dies(tmp_path, capsys):
     res = json.loads((out / "compare.json").read_text())
     assert "exited with code" in res["configs"]["off"]["error"] and res["configs"]["off"]["levels"] == []
     assert res["comparison"] == []
+
+
+@pytest.mark.slow
+def test_compare_rounds_interleave_and_summarize(tiny, tmp_path, capsys):
+    model, head = tiny
+    out = tmp_path / "rounds"
+    rc = bench_cli.compare_main(["--model", model, "--draft", head, "--configs", "off,always", "--rounds", "2", *CPU,
+                                 "--concurrency", "1", "--num-prompts", "2", "--input-len", "8",
+                                 "--output-len", "8", "--out-dir", str(out), "--disable-tqdm",
+                                 "--server-timeout", "180"])
+    assert rc == 0
+    assert "over 2 rounds" in capsys.readouterr().out
+    res = json.loads((out / "compare.json").read_text())
+    assert [list(r) for r in res["rounds"]] == [["off", "always"]] * 2 and res["configs"] == res["rounds"][0]
+    started = [res["rounds"][r][c]["server_log"] for r in (0, 1) for c in ("off", "always")]
+    assert [Path(p).name for p in started] == ["server-off-round1.log", "server-always-round1.log",
+                                                "server-off-round2.log", "server-always-round2.log"]
+    assert all(Path(p).exists() for p in started)
+    (row,) = res["rounds_summary"]
+    assert row["median_ratio"]["off"] == 1.0 and len(row["ratio"]["always"]) == 2
+    assert all(r > 0 for r in row["ratio"]["always"])
