@@ -41,7 +41,7 @@ import torch
 
 from adaspec.device import shift_kernels
 from adaspec.device.shift import Shift, apply_packed
-from adaspec.device.staging import Staging
+from adaspec.device.staging import _ALIGN, Staging, _pad4
 from adaspec.layers.attention import AttnMeta
 from adaspec.layers.fused_ops import _next_pow2, triton, use_triton
 
@@ -84,12 +84,9 @@ if triton is not None:
             tl.store(h0_ptr + j * stride_h0 + d, x, mask=d < H)
 
 
-def _pad4(n: int) -> int:
-    return -(-n // 4) * 4
-
-
 def _align16(nbytes: int) -> int:
-    return -(-nbytes // 16) * 16
+    """`nbytes` rounded up as `Staging.reserve` rounds a field's end."""
+    return -(-nbytes // _ALIGN) * _ALIGN
 
 
 def _shift_at(K: int, b: int) -> int:

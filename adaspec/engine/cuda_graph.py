@@ -267,8 +267,9 @@ class CudaGraphs:
         return record(fn, self.pool)
 
     def _draft_inputs(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Static inputs of the drafter graphs (a hidden state and a token per request),
-        shared by every chain and tree graph: each replay fills its rows first."""
+        """Static inputs of the tree graphs (a hidden state and a token per request), shared by
+        all of them: each replay fills its rows first. (Chain graphs derive theirs:
+        device.chain_steps.)"""
         if self._h0 is None:
             g = self.g
             self._h0 = torch.zeros(g.max_num_seqs, g.draft_hidden_size, dtype=g.dtype, device=g.device)

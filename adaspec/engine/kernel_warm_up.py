@@ -28,7 +28,7 @@ def warm_up_kernels(runner) -> None:
             n += runner.model.warm_up_kernels(runner.cfg.scheduler.max_num_batched_tokens)
         if runner.draft is not None:   # the in-flight shift of speculative steps
             from adaspec.device import shift_kernels
-            n += 2 * shift_kernels.warm_up(runner.rows.last_count, runner.rows.block_table, runner.block_size)
+            n += shift_kernels.warm_up(runner.rows.last_count, runner.rows.block_table, runner.block_size)
             n += runner.chain.steps.warm_up(runner.stg, runner.rows.pad_row)   # chain steps' metadata
         torch.cuda.synchronize()
     except Exception as ex:  # an optimization: never a reason not to serve

@@ -351,7 +351,8 @@ class ModelRunner:
         stg.begin()
         shift = shift_d = srows = sreqs = None
         if lay.shifted:
-            shift, shift_d = Shift(stg), Shift(self.draft_stg)
+            shift = Shift(stg)
+            shift_d = Shift(self.draft_stg) if lay.tree else None   # (trees stage in the drafters' buffer)
             srows, sreqs = shifted_rows(lay, rows)
         meta, ids_d, pos_d = stage_forward_inputs(
             stg, self.backend, self.rows.block_table, self.block_size, self.group, fi, lay.tree,
