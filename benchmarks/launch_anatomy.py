@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections import defaultdict
 
@@ -21,8 +22,14 @@ import torch
 
 from adaspec import LLM, SamplingParams
 
-CONFIGS = {"off": {}, "chain4": dict(speculation="always", num_steps=4), "chain2": dict(speculation="always", num_steps=2),
-           "auto": dict(speculation="auto", num_steps=4)}
+def config_kwargs(name: str) -> dict:
+    """`off`, `chainK` (always, K drafts) or `auto` / `autoK` (auto up to K drafts, 4 by default)."""
+    if name == "off":
+        return {}
+    m = re.fullmatch(r"(chain|auto)(\d*)", name)
+    if m is None or (m.group(1) == "chain" and not m.group(2)):
+        raise SystemExit(f"unknown configuration {name!r}: off, chainK, auto or autoK")
+    return dict(speculation="always" if m.group(1) == "chain" else "auto", num_steps=int(m.group(2) or 4))
 
 
 class Timers:
@@ -59,7 +66,7 @@ class Timers:
 
 def build(config: str) -> LLM:
     from adaspec.demo import DEMO_HEAD, DEMO_TARGET
-    kw = dict(CONFIGS[config])
+    kw = config_kwargs(config)
     if kw:
         kw["draft"] = str(DEMO_HEAD)
     return LLM(str(DEMO_TARGET), device="cuda" if torch.cuda.is_available() else "cpu", max_num_seqs=8, kv_cache_memory=4 * 2**30, **kw)

@@ -39,7 +39,7 @@ def test_cuda_greedy_lossless_chain_and_tree(models, monkeypatch, pdl):
     prompts = [[(7 * i + j) % 300 + 3 for j in range(5 + 3 * i)] for i in range(6)]
     sp = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     ref = LLM(str(d), device="cuda", dtype="float32", max_num_seqs=16).generate(prompts, sp)
-    for shape in (dict(num_steps=3, topk=1), dict(num_steps=2, topk=4, num_draft_tokens=16)):
+    for shape in (dict(num_steps=3, topk=1), dict(num_steps=8, topk=1), dict(num_steps=2, topk=4, num_draft_tokens=16)):
         llm = LLM(str(d), draft=str(h), speculation="always", device="cuda", dtype="float32", max_num_seqs=16,
                   **shape)
         outs = llm.generate(prompts, sp)
