@@ -14,7 +14,11 @@ spread over the lengths. `--ema` / `--probe-every` / `--thin` vary the policy's 
 `--drift A --drift-period P`: the host's speed moves too, every length's cost times a factor
 drawn from U(1 - A, 1 + A) every P steps (the H200 host: +-25% from one minute to the next, seen
 as `auto` pricing lengths timed in different minutes against each other); the best fixed length
-is then judged at the run's mean factor.
+is then judged at the run's mean factor. `--spike-rate p --spike-factor f`: a step is a hiccup
+of the host (a collection, a page fault) with chance p and costs f times its figure.
+`--profile`: the start-up profile's figures, where they differ from served steps (on the H200
+the profile times launches alone: 0.24-0.63 ms for lengths 0-8 of the demo pair, served steps
+0.8-1.1 ms at every length).
 The figures of session 9's demo pair: `results/h200/session9_2026-12-03/` (call 4, server log).
 """
 from __future__ import annotations
@@ -30,22 +34,24 @@ from adaspec.config import SpecConfig
 from adaspec.spec_decode.policy import AutoPolicy, StepFeedback
 
 
-def expected_rate(costs: list[float], cond: list[float], b: int, noise: float) -> dict[int, float]:
-    """Expected tokens per second of each fixed draft length (mean step cost under the noise)."""
-    return {d: b * (1 + sum(math.prod(cond[: j + 1]) for j in range(d))) / costs[d] for d in range(len(costs))}
+def expected_rate(costs: list[float], cond: list[float], b: int, noise: float, spike: float = 1.0) -> dict[int, float]:
+    """Expected tokens per second of each fixed draft length (mean step cost under the noise;
+    `spike`: the mean factor of the host's hiccups)."""
+    return {d: b * (1 + sum(math.prod(cond[: j + 1]) for j in range(d))) / (costs[d] * spike) for d in range(len(costs))}
 
 
 def simulate(costs: list[float], cond: list[float], b: int, steps: int, seed: int, noise: float,
-             drift: float = 0.0, period: int = 0, **policy) -> dict:
+             drift: float = 0.0, period: int = 0, spike_rate: float = 0.0, spike_factor: float = 1.0,
+             profile: list[float] | None = None, **policy) -> dict:
     thin = policy.pop("thin", None)
     pol = AutoPolicy(SpecConfig(draft="sim", num_steps=len(costs) - 1), **policy)
     if thin is not None:
         pol.THIN_EVIDENCE = thin
-    for d, t in enumerate(costs):   # the start-up profile's figures
+    for d, t in enumerate(profile or costs):   # the start-up profile's figures
         key = (d, pol.bucket(b))
         pol._sample(key, t)
         pol.profiled.add(key)
-    rng, host_rng = random.Random(seed), random.Random(seed + 10 ** 6)
+    rng, host_rng, spike_rng = random.Random(seed), random.Random(seed + 10 ** 6), random.Random(seed + 2 * 10 ** 6)
     tokens, seconds, depths = 0, 0.0, Counter()
     host, host_sum = 1.0, 0.0
     for i in range(steps):
@@ -63,6 +69,8 @@ def simulate(costs: list[float], cond: list[float], b: int, steps: int, seed: in
                 accepted[j] += 1
             tokens += k + 1
         t = costs[d] * host * rng.uniform(1 - noise, 1 + noise)
+        if spike_rate and spike_rng.random() < spike_rate:
+            t *= spike_factor
         seconds += t
         depths[d] += 1
         pol.observe(StepFeedback(batch_size=b, num_tokens=b * (d + 1), draft_len=d, step_time=t,
@@ -83,6 +91,9 @@ def main(argv=None) -> int:
     ap.add_argument("--thin", type=int, default=None, help="AutoPolicy.THIN_EVIDENCE")
     ap.add_argument("--drift", type=float, default=0.0, help="the host's speed factor range, +- this fraction")
     ap.add_argument("--drift-period", type=int, default=0, help="steps between the host's speed changes")
+    ap.add_argument("--spike-rate", type=float, default=0.0, help="chance that a step is a host hiccup")
+    ap.add_argument("--spike-factor", type=float, default=2.0, help="a hiccup's step costs this many times its figure")
+    ap.add_argument("--profile", default=None, help="the start-up profile's ms per length (default: --costs)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     costs = [float(x) / 1e3 for x in a.costs.split(",")]
@@ -90,16 +101,20 @@ def main(argv=None) -> int:
     if len(cond) != len(costs) - 1:
         raise SystemExit(f"--cond needs {len(costs) - 1} rates (one per draft position), got {len(cond)}")
     policy = {k: v for k, v in (("ema", a.ema), ("probe_every", a.probe_every), ("thin", a.thin)) if v is not None}
-    fixed = expected_rate(costs, cond, a.batch, a.noise)
+    profile = [float(x) / 1e3 for x in a.profile.split(",")] if a.profile else None
+    if profile is not None and len(profile) != len(costs):
+        raise SystemExit(f"--profile needs {len(costs)} figures, got {len(profile)}")
+    fixed = expected_rate(costs, cond, a.batch, a.noise, 1 + a.spike_rate * (a.spike_factor - 1))
     best_d = max(fixed, key=fixed.get)
-    runs = [simulate(costs, cond, a.batch, a.steps, s, a.noise, a.drift, a.drift_period, **dict(policy))
-            for s in range(a.seeds)]
+    runs = [simulate(costs, cond, a.batch, a.steps, s, a.noise, a.drift, a.drift_period, a.spike_rate, a.spike_factor,
+                     profile, **dict(policy)) for s in range(a.seeds)]
     ratios = [r["tok_per_s"] * r["mean_host"] / fixed[best_d] for r in runs]
     spread = Counter()
     for r in runs:
         spread.update(r["depths"])
     res = {"costs_ms": [c * 1e3 for c in costs], "cond": cond, "batch": a.batch, "steps": a.steps, "seeds": a.seeds,
-           "noise": a.noise, "drift": a.drift, "drift_period": a.drift_period, "policy": policy, "fixed_tok_per_ms": {d: v / 1e3 for d, v in fixed.items()},
+           "noise": a.noise, "drift": a.drift, "drift_period": a.drift_period, "spike_rate": a.spike_rate,
+           "spike_factor": a.spike_factor, "profile_ms": a.profile, "policy": policy, "fixed_tok_per_ms": {d: v / 1e3 for d, v in fixed.items()},
            "best_fixed": best_d, "auto_over_best": ratios, "mean": statistics.mean(ratios), "worst": min(ratios),
            "steps_by_length": dict(sorted(spread.items()))}
     print(f"best fixed: length {best_d} ({fixed[best_d] / 1e3:.3f} tok/ms; off {fixed[0] / 1e3:.3f})")

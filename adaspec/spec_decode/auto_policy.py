@@ -55,6 +55,8 @@ class AutoPolicy(SpeculationPolicy):
     THIN_EVIDENCE = 8         # a depth measured on fewer drafted tokens is probed 10x as often
     FRESH_WITHIN = 0.8        # keeps_draft_fresh: a depth within this of off's goodput
     PROBE_STEPS = 3           # a probe runs this many steps; the first (the switch) is not timed
+    PROBE_MEMORY = 8          # probe steps behind a probed depth's figure (their median)
+    REEVALUATE_EVERY = 8      # steps a choice's goodputs serve while their inputs but the rates stand
     prices_catchup = True
     BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
@@ -69,6 +71,7 @@ class AutoPolicy(SpeculationPolicy):
         self.prior_rate = prior_rate
         self.times = CostTable()                                  # (depth, bucket) -> seconds
         self.samples: dict[tuple[int, int], deque] = {}           # the recent step times behind each
+        self.probe_samples: dict[tuple[int, int], deque] = {}     # ... or the probes' (`_probe_sample`)
         self.profiled: set[tuple[int, int]] = set()   # entries still the start-up profile's (see warm_up)
         self.sampled_at: dict[tuple[int, int], int] = {}   # entry -> the observed step that last sampled it
         self.num_observed = 0
@@ -76,6 +79,8 @@ class AutoPolicy(SpeculationPolicy):
         self.depth = 0
         self.steps_since_spec = 0
         self.last_goodputs: dict[int, float] = {}
+        self._eval_key, self._eval_age = None, 0   # what the last goodputs were computed for (_current_goodputs)
+        self._eval_depth, self._settling = 0, 0
         self.probes: deque = deque()   # (depth, first of its run) of probe steps decided, not yet observed
         self.probe_run: list | None = None   # [depth, steps left] of the probe running
         self.recent: deque = deque(maxlen=3)   # (entry, seconds) of the last steady steps
@@ -210,6 +215,22 @@ class AutoPolicy(SpeculationPolicy):
                 out[d] = b * tau / cost
         return out
 
+    def _current_goodputs(self, b: int, catchup_tokens: int) -> dict[int, float]:
+        """goodputs(b), recomputed at every step for REEVALUATE_EVERY steps after a change of
+        choice, and when the batch size, the owed catch-up or the cost table changed; else
+        every REEVALUATE_EVERY steps: the rates move by an EMA of ~14 tokens, and at batch 1 a
+        decision is host time of every step (on the H200 host `decide` cost 30-50 us of a 1 ms
+        step with 8 depths)."""
+        if self.depth != self._eval_depth:   # a new choice: judged afresh at every step for a while
+            self._eval_depth, self._settling = self.depth, self.REEVALUATE_EVERY
+        key = (b, catchup_tokens, self.times.version)
+        if key != self._eval_key or self._eval_age >= self.REEVALUATE_EVERY or self._settling:
+            self._eval_key, self._eval_age = key, 0
+            self.last_goodputs = self.goodputs(b)
+        self._eval_age += 1
+        self._settling = max(0, self._settling - 1)
+        return self.last_goodputs
+
     def keeps_draft_fresh(self, batch_size: int) -> bool:
         """Near the break-even (a depth's goodput within FRESH_WITHIN of off's at the last
         decision) the choice flips, and at batch 1 each flip back cost a catch-up step without
@@ -232,8 +253,7 @@ class AutoPolicy(SpeculationPolicy):
             self.probe_run = [depth, left - 1] if left > 1 else None
             self.probes.append((depth, False))
             return self.shapes[depth]
-        g = self.goodputs(max(1, batch_size))
-        self.last_goodputs = g
+        g = self._current_goodputs(max(1, batch_size), catchup_tokens)
         if not g:
             return self.shapes[self.depth]
         best = max(g, key=g.get)
@@ -324,18 +344,18 @@ class AutoPolicy(SpeculationPolicy):
         # at 3, 0.66x `always`).
         if fb.num_prefill_tokens == 0 and fb.batch_size > 0 and not (probe and first and key in self.times):
             t = fb.step_time
-            if probe:
-                if self._stale(key):
-                    self.samples.pop(key, None)   # the run's steps replace its samples
-                # Timed against the chosen depth's steps just before it: the chosen depth's
-                # figure is the fastest of a window, a probe's the host's speed of the moment.
-                ref = (self.depth, key[1])
-                near = [x for e, x in self.recent if e == ref]
-                if near and ref in self.times:
-                    t *= self.times[ref] / min(near)
+            ref = (self.depth, key[1])
+            near = sorted(x for e, x in self.recent if e == ref) if probe and key != ref else None
+            if near and ref in self.times:
+                # Timed against the chosen depth's steps just before it (their median: the
+                # host's speed of the moment), times the chosen depth's figure.
+                self._probe_sample(key, t * self.times[ref] / near[len(near) // 2])
             else:
-                self.recent.append((key, t))
-            self._sample(key, t)
+                if probe and self._stale(key):
+                    self.samples.pop(key, None)   # the run's steps replace its samples
+                if not probe:
+                    self.recent.append((key, t))
+                self._sample(key, t)
         elif fb.num_prefill_tokens > 0:   # what its prompt / catch-up rows added to the step
             decode = self.step_time(max(1, fb.batch_size), depth)
             if decode is not None:
@@ -364,10 +384,25 @@ class AutoPolicy(SpeculationPolicy):
         if key in self.profiled:   # the first step measured in service replaces the profile's figure
             self.profiled.discard(key)
             self.samples.pop(key, None)
+        self.probe_samples.pop(key, None)   # steady steps of this depth again: its own window prices it
         recent = self.samples.setdefault(key, deque(maxlen=self.window))
         recent.append(t)
         self.sampled_at[key] = self.num_observed
         self.times[key] = min(recent)
+
+    def _probe_sample(self, key: tuple[int, int], t: float) -> None:
+        """A probe step's time `t`, already put on the scale of the chosen depth's figure. A
+        probed depth's figure is the (lower) median of its last PROBE_MEMORY such times, kept
+        from probe to probe: each is one step against three, and on the H200 (session 14, the
+        demo pair at batch 1, depths 0-8) one slow probe priced depth 8 at 1.9 ms against 1.0 for
+        its neighbours, where the minimum of the run alone stood until the next probe."""
+        self.profiled.discard(key)
+        self.samples.pop(key, None)   # steady steps from when this depth was chosen: another time
+        mem = self.probe_samples.setdefault(key, deque(maxlen=self.PROBE_MEMORY))
+        mem.append(t)
+        self.sampled_at[key] = self.num_observed
+        ordered = sorted(mem)
+        self.times[key] = ordered[(len(ordered) - 1) // 2]
 
     def describe(self) -> dict:
         cost: dict[str, dict[int, float]] = {}

@@ -381,7 +381,7 @@ def test_auto_renews_a_stale_figure_in_a_probe_run():
         step(4, t)
         if t != 0.0064:
             assert pol.decide(1).num_nodes == 4
-    assert pol.times[key4] == 0.0063
+    assert pol.times[key4] == pytest.approx(0.0063)
     assert pol.decide(1).num_nodes == 4 and pol.depth == 4
 
 
