@@ -239,8 +239,9 @@ def add_engine_cli_args(p: argparse.ArgumentParser) -> None:
                    help="local Hugging Face model directory (default: the bundled demo pair, "
                         "its EAGLE-3 head as --draft and --speculation auto)")
     add_option_args(p, EngineConfig, CacheConfig, SchedulerConfig, SpecConfig)
-    # The policy's default depends on --draft, so the flag itself defaults to "not given".
-    p.set_defaults(speculation=None)
+    # The policy's default depends on --draft, and the draft depth's on the model (the bundled
+    # demo pair drafts deeper: adaspec/demo), so these flags default to "not given".
+    p.set_defaults(speculation=None, num_steps=None)
     p.add_argument("--speculative-config", default=None,
                    help='vLLM\'s form, beside the flags above: \'{"method": "eagle3", "model": DIR, '
                         '"num_speculative_tokens": K}\' (also "topk", "num_draft_tokens", "policy")')
@@ -250,6 +251,10 @@ def engine_kwargs_from_cli(a: argparse.Namespace) -> dict:
     """Map parsed `add_engine_cli_args` flags to `EngineConfig.create` keywords. Values equal to
     their default are left out, so --speculative-config can set what the flags did not."""
     kw = kwargs_from_args(a, EngineConfig, CacheConfig, SchedulerConfig, SpecConfig)
+    if getattr(a, "speculation", None) is not None:
+        # Given, even at its default: `--speculation off` with a draft (the demo pair's) must not
+        # become the "always" that a draft alone implies (EngineConfig.create).
+        kw["policy"] = a.speculation
     if getattr(a, "speculative_config", None) is not None:
         kw["speculative_config"] = a.speculative_config
     return kw

@@ -72,3 +72,27 @@ def test_serve_without_model_arguments(tmp_path):
         assert body["usage"]["completion_tokens"] == 16 and body["choices"][0]["text"]
     log = (tmp_path / "serve.log").read_text()
     assert "speculation auto" in log and str(DEMO_HEAD) in log, log
+
+
+@pytest.mark.parametrize("argv,policy,num_steps,topk", [
+    ([], "auto", "demo", 1),
+    (["--num-steps", "3"], "auto", 3, 1),
+    (["--speculation", "off"], "off", "demo", 1),        # not the "always" a draft alone implies
+    (["--speculation", "always", "--num-steps", "2", "--topk", "4", "--num-draft-tokens", "8"], "always", 2, 4),
+    (["--speculative-config", '{"num_speculative_tokens": 5}'], "auto", 5, 1),
+    (["--model", str(DEMO_TARGET)], "off", 3, 1),        # a model given: no demo defaults
+])
+def test_demo_defaults_from_the_command_line(argv, policy, num_steps, topk):
+    """With no --model the CLI serves the demo pair under `auto`, chains up to DEMO_NUM_STEPS
+    deep; every flag given keeps its value, `--speculation off` included."""
+    import argparse
+
+    from adaspec.config import EngineConfig, add_engine_cli_args, engine_kwargs_from_cli
+    from adaspec.demo import DEMO_NUM_STEPS, apply_demo_defaults
+    p = argparse.ArgumentParser()
+    add_engine_cli_args(p)
+    a = p.parse_args(argv)
+    apply_demo_defaults(a)
+    spec = EngineConfig.create(a.model, **engine_kwargs_from_cli(a)).spec
+    assert (spec.policy, spec.num_steps, spec.topk) == (policy, DEMO_NUM_STEPS if num_steps == "demo" else num_steps, topk)
+    assert (spec.draft is not None) == ("--model" not in argv)

@@ -55,7 +55,6 @@ class AutoPolicy(SpeculationPolicy):
     THIN_EVIDENCE = 8         # a depth measured on fewer drafted tokens is probed 10x as often
     FRESH_WITHIN = 0.8        # keeps_draft_fresh: a depth within this of off's goodput
     PROBE_STEPS = 3           # a probe runs this many steps; the first (the switch) is not timed
-    PROBE_MEMORY = 8          # probe steps behind a probed depth's figure (their median)
     REEVALUATE_EVERY = 8      # steps a choice's goodputs serve while their inputs but the rates stand
     prices_catchup = True
     BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
@@ -71,7 +70,6 @@ class AutoPolicy(SpeculationPolicy):
         self.prior_rate = prior_rate
         self.times = CostTable()                                  # (depth, bucket) -> seconds
         self.samples: dict[tuple[int, int], deque] = {}           # the recent step times behind each
-        self.probe_samples: dict[tuple[int, int], deque] = {}     # ... or the probes' (`_probe_sample`)
         self.profiled: set[tuple[int, int]] = set()   # entries still the start-up profile's (see warm_up)
         self.sampled_at: dict[tuple[int, int], int] = {}   # entry -> the observed step that last sampled it
         self.num_observed = 0
@@ -344,18 +342,20 @@ class AutoPolicy(SpeculationPolicy):
         # at 3, 0.66x `always`).
         if fb.num_prefill_tokens == 0 and fb.batch_size > 0 and not (probe and first and key in self.times):
             t = fb.step_time
-            ref = (self.depth, key[1])
-            near = sorted(x for e, x in self.recent if e == ref) if probe and key != ref else None
-            if near and ref in self.times:
-                # Timed against the chosen depth's steps just before it (their median: the
-                # host's speed of the moment), times the chosen depth's figure.
-                self._probe_sample(key, t * self.times[ref] / near[len(near) // 2])
-            else:
-                if probe and self._stale(key):
+            if probe:
+                if self._stale(key):
                     self.samples.pop(key, None)   # the run's steps replace its samples
-                if not probe:
-                    self.recent.append((key, t))
-                self._sample(key, t)
+                # Timed against the chosen depth's steps just before it, times the chosen
+                # depth's figure. Against their median, not their fastest: a probe step is one
+                # draw of the host's speed of the moment, and the fastest of three priced every
+                # probe ~8% dear under a step noise of +-15% (the demo pair's on the H200).
+                ref = (self.depth, key[1])
+                near = sorted(x for e, x in self.recent if e == ref)
+                if near and ref in self.times and key != ref:
+                    t *= self.times[ref] / near[len(near) // 2]
+            else:
+                self.recent.append((key, t))
+            self._sample(key, t)
         elif fb.num_prefill_tokens > 0:   # what its prompt / catch-up rows added to the step
             decode = self.step_time(max(1, fb.batch_size), depth)
             if decode is not None:
@@ -384,25 +384,10 @@ class AutoPolicy(SpeculationPolicy):
         if key in self.profiled:   # the first step measured in service replaces the profile's figure
             self.profiled.discard(key)
             self.samples.pop(key, None)
-        self.probe_samples.pop(key, None)   # steady steps of this depth again: its own window prices it
         recent = self.samples.setdefault(key, deque(maxlen=self.window))
         recent.append(t)
         self.sampled_at[key] = self.num_observed
         self.times[key] = min(recent)
-
-    def _probe_sample(self, key: tuple[int, int], t: float) -> None:
-        """A probe step's time `t`, already put on the scale of the chosen depth's figure. A
-        probed depth's figure is the (lower) median of its last PROBE_MEMORY such times, kept
-        from probe to probe: each is one step against three, and on the H200 (session 14, the
-        demo pair at batch 1, depths 0-8) one slow probe priced depth 8 at 1.9 ms against 1.0 for
-        its neighbours, where the minimum of the run alone stood until the next probe."""
-        self.profiled.discard(key)
-        self.samples.pop(key, None)   # steady steps from when this depth was chosen: another time
-        mem = self.probe_samples.setdefault(key, deque(maxlen=self.PROBE_MEMORY))
-        mem.append(t)
-        self.sampled_at[key] = self.num_observed
-        ordered = sorted(mem)
-        self.times[key] = ordered[(len(ordered) - 1) // 2]
 
     def describe(self) -> dict:
         cost: dict[str, dict[int, float]] = {}

@@ -574,3 +574,57 @@ def test_auto_believes_a_deeper_figure_measured_after_a_shallower_one():
     # A shallower figure measured after the deeper one still bounds it (noise protection).
     timed(3, 0.00150)
     assert pol.goodputs(1)[4] == pytest.approx(pol.tau(4) / 0.00150)
+
+
+def test_auto_times_a_probe_against_the_median_of_the_steps_before_it():
+    """A probe step is one draw of the host's speed; the chosen depth's three steps before it
+    are three. Against their fastest, every probe was priced high by the spread of three draws
+    (~8% at +-15% noise), enough to keep a deeper level that pays 10% out."""
+    pol = AutoPolicy(SpecConfig(draft="x", policy="auto", num_steps=4, topk=1, auto_profile=True))
+    pol.warm_up(lambda shapes: {(1, d): 1e-3 for d in range(5)})
+    pol.rates[:] = [0.85, 0.8, 0.6, 0.5]
+    pol.evidence = [10 ** 6] * 4
+
+    def step(d, t):
+        pol.observe(StepFeedback(batch_size=1, num_tokens=d + 1, draft_len=d, step_time=t,
+                                 accepted_per_position=(1,) * d, drafted_per_position=(1,) * d))
+
+    k = pol.bucket(1)
+    pol.depth = 3
+    for _ in range(20):
+        for t in (0.0011, 0.0009, 0.0010):
+            step(3, t)
+    assert pol.times[(3, k)] == 0.0009
+    pol.probes.extend([(4, True), (4, False)])
+    step(4, 0.0030)                     # the switch step: fills nothing (a known entry)
+    step(4, 0.0010)
+    assert pol.times[(4, k)] == pytest.approx(0.0010 * 0.0009 / 0.0010)
+
+
+def test_auto_reevaluates_a_standing_choice_every_few_steps():
+    """At batch 1 a decision is host time of every step: the goodputs of a standing choice are
+    recomputed every REEVALUATE_EVERY steps while batch size and cost table stand, at once when
+    either changes, and at every step for a while after the choice changed."""
+    pol = auto_policy(k=2)
+    for d in range(3):
+        pol.times[(d, pol.bucket(4))] = 0.010 * (1 + 0.2 * d)
+    pol.rates[:] = [0.9, 0.8]
+    pol.evidence = [10 ** 6] * 2
+    calls = []
+    real = pol.goodputs
+    pol.goodputs = lambda b: calls.append(b) or real(b)
+    pol.steps_since_spec = -10 ** 6   # no probes
+    assert depth_of(pol.decide(4)) == 2
+    calls.clear()
+    for _ in range(3 * pol.REEVALUATE_EVERY):
+        pol.decide(4)
+    settle = pol.REEVALUATE_EVERY - 1   # (the choice changed at the first decision)
+    assert len(calls) == settle + -(-(3 * pol.REEVALUATE_EVERY - settle) // pol.REEVALUATE_EVERY)
+    calls.clear()
+    pol.decide(5)                       # a new batch size: judged at once
+    pol.times[(2, pol.bucket(5))] = 0.5   # a changed table: judged at once, and the choice moves
+    assert depth_of(pol.decide(5)) < 2 and calls == [5, 5]
+    calls.clear()
+    for _ in range(pol.REEVALUATE_EVERY):
+        pol.decide(5)
+    assert len(calls) == pol.REEVALUATE_EVERY   # every step for a while after a change
