@@ -28,7 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-steps", type=int, default=8)
     ap.add_argument("--dataset", default="tests/data/demo_heldout.jsonl")
-    ap.add_argument("--num-prompts", type=int, default=48)
+    ap.add_argument("--num-prompts", type=int, default=48, help="requests, cycling through the dataset's prompts")
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="step_cost_trace.json")
@@ -59,7 +59,8 @@ def main() -> None:
                         "batch": fb.batch_size})
 
     pol.decide, pol.observe = decide, observe
-    prompts = [json.loads(line)["prompt"] for line in open(a.dataset)][: a.num_prompts]
+    pool = [json.loads(line)["prompt"] for line in open(a.dataset) if line.strip()]
+    prompts = [pool[i % len(pool)] for i in range(a.num_prompts)]
     t = time.perf_counter()
     outs = llm.generate(prompts, SamplingParams(max_tokens=a.output_len, temperature=0.0, ignore_eos=True))
     wall = time.perf_counter() - t

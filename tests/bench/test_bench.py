@@ -623,7 +623,9 @@ def test_compare_helpers():
     a = p.parse_args(["--model", "M", "--draft", "D", "--device", "cpu", "--no-prefix-caching",
                       "--spec-simulate-accept-rate", "0.5", "--num-steps", "3"])
     extra = bench_cli.passthrough_flags(p, a)
-    assert extra == ["--device", "cpu", "--no-enable-prefix-caching", "--spec-simulate-accept-rate", "0.5"]
+    # (--num-steps defaults to "not given", the demo pair's depth differing: given, it is passed on)
+    assert extra == ["--device", "cpu", "--no-enable-prefix-caching", "--num-steps", "3",
+                     "--spec-simulate-accept-rate", "0.5"]
     cmd = bench_cli.server_command(a, "threshold", 8, 1234, extra)
     assert cmd[1:] == ["-m", "adaspec.cli", "serve", "--model", "M", "--draft", "D",
                        "--speculation", "threshold", "--spec-disable-batch-size", "8",
