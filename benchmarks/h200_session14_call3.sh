@@ -3,10 +3,11 @@
 # bundled demo pair served as `adaspec serve` serves it with no arguments (auto, now up to 8
 # drafts: adaspec/demo DEMO_NUM_STEPS) against off and always, at concurrency 1 on the held-out
 # Python prompts, three interleaved rounds of fresh servers (the host's speed moves between
-# processes); then the cost per length again (benchmarks/step_cost_trace.py, the whole set).
+# processes), 192 requests each (8-10 s of serving, where 48 gave 2-3 s); then the cost per
+# length again (benchmarks/step_cost_trace.py, the whole set).
 . benchmarks/device_preamble.sh call3
 part 420 served python3 -m adaspec.cli compare --configs "off,auto,always" --rounds 3 \
-    --concurrency 1 --dataset tests/data/demo_heldout.jsonl --output-len 128 --num-prompts 48 --num-warmup 2 \
+    --concurrency 1 --dataset tests/data/demo_heldout.jsonl --output-len 128 --num-prompts 192 --num-warmup 2 \
     --device cuda --out-dir $R/served
 grep -h "^   1 \|^-- \|round\|median" $R/served.log | head -40
 grep -h "shutdown" $R/served/server-auto*.log | cut -c1-420
