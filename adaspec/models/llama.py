@@ -26,7 +26,7 @@ from adaspec.layers.linear import SmallLinear
 from adaspec.layers.rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
-    from adaspec.models.moe import MoeSpec
+    from adaspec.models.moe_spec import MoeSpec
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from torch import nn
 from adaspec.layers.linear import linear
 from adaspec.layers.moe import RouterConfig, fused_experts, route
 from adaspec.models.llama import MLP, LlamaForCausalLM, ModelSpec
+from adaspec.models.moe_spec import MoeSpec
 
 
 @dataclass(frozen=True)
@@ -47,19 +48,6 @@ LAYOUTS = {
     "mixtral": ExpertLayout("block_sparse_moe", "w1", "w3", "w2"),
     "glm": ExpertLayout("mlp", "gate_proj", "up_proj", "down_proj", shared="shared_experts"),
 }
-
-
-@dataclass(frozen=True)
-class MoeSpec:
-    router: RouterConfig
-    intermediate_size: int            # per routed expert
-    sparse_layers: tuple              # per layer: True = sparse block, False = dense MLP
-    layout: str                       # key of LAYOUTS
-    shared_intermediate_size: int = 0  # 0: no shared expert
-    shared_gate: bool = False         # Qwen2-MoE: sigmoid(shared_expert_gate(x)) * shared(x)
-    router_bias: bool = False         # e_score_correction_bias (selection only)
-    router_fp32: bool = False         # GLM: router weight, logits and weights in fp32 (HF keeps them so)
-    round_weights: bool = False       # Qwen: routing weights rounded to the model dtype before use
 
 
 # ---- config parsing ---------------------------------------------------------------------------
