@@ -385,20 +385,32 @@ def test_auto_renews_a_stale_figure_in_a_probe_run():
     assert pol.decide(1).num_nodes == 4 and pol.depth == 4
 
 
+def _measured_auto(rates: list[float]) -> AutoPolicy:
+    """`auto` over len(rates) lengths, profiled at 1 ms each, its rates measured on a million tokens (no
+    probe moves them)."""
+    pol = AutoPolicy(SpecConfig(draft="x", policy="auto", num_steps=len(rates), topk=1, auto_profile=True))
+    pol.warm_up(lambda shapes: {(1, d): 1e-3 for d in range(len(rates) + 1)})
+    pol.rates[:] = rates
+    pol.evidence = [10 ** 6] * len(rates)
+    return pol
+
+
+def _full_step(pol: AutoPolicy, d: int, t: float) -> None:
+    """A batch-1 step of length `d` taking `t` s whose drafts were all accepted."""
+    pol.observe(StepFeedback(batch_size=1, num_tokens=d + 1, draft_len=d, step_time=t,
+                             accepted_per_position=(1,) * d, drafted_per_position=(1,) * d))
+
+
 def test_auto_times_a_probe_against_the_steps_just_before_it():
     """Session 13 (H200, demo pair, batch 1): depth 2's figure was the fastest of its window,
     1.09 and 1.38 ms stood for depths 3 and 4 from a slower period, no deeper level could win
     by them, so none was probed again, and `auto` made 0.84x `always`. A deeper level gone
     stale is probed (seldom), and a probe step counts as its time relative to the chosen
     depth's steps just before it, times the chosen depth's figure."""
-    pol = AutoPolicy(SpecConfig(draft="x", policy="auto", num_steps=4, topk=1, auto_profile=True))
-    pol.warm_up(lambda shapes: {(1, d): 1e-3 for d in range(5)})
-    pol.rates[:] = [0.85, 0.8, 0.6, 0.5]
-    pol.evidence = [10 ** 6] * 4
+    pol = _measured_auto([0.85, 0.8, 0.6, 0.5])
 
     def step(d, t):
-        pol.observe(StepFeedback(batch_size=1, num_tokens=d + 1, draft_len=d, step_time=t,
-                                 accepted_per_position=(1,) * d, drafted_per_position=(1,) * d))
+        _full_step(pol, d, t)
 
     k = pol.bucket(1)
     for d, t in ((3, 0.00116), (4, 0.00138)):   # a slow hour of the host
@@ -580,14 +592,10 @@ def test_auto_times_a_probe_against_the_median_of_the_steps_before_it():
     """A probe step is one draw of the host's speed; the chosen depth's three steps before it
     are three. Against their fastest, every probe was priced high by the spread of three draws
     (~8% at +-15% noise), enough to keep a deeper level that pays 10% out."""
-    pol = AutoPolicy(SpecConfig(draft="x", policy="auto", num_steps=4, topk=1, auto_profile=True))
-    pol.warm_up(lambda shapes: {(1, d): 1e-3 for d in range(5)})
-    pol.rates[:] = [0.85, 0.8, 0.6, 0.5]
-    pol.evidence = [10 ** 6] * 4
+    pol = _measured_auto([0.85, 0.8, 0.6, 0.5])
 
     def step(d, t):
-        pol.observe(StepFeedback(batch_size=1, num_tokens=d + 1, draft_len=d, step_time=t,
-                                 accepted_per_position=(1,) * d, drafted_per_position=(1,) * d))
+        _full_step(pol, d, t)
 
     k = pol.bucket(1)
     pol.depth = 3
