@@ -39,10 +39,11 @@ class AutoPolicy(SpeculationPolicy):
     longer the contexts), the more a depth must win by to resume, so it does not flap
     between 0 and K when catching up is expensive.
     Stability: the current choice is kept unless another beats it by `margin`. Once every
-    `probe_every` steps it runs the shallowest deeper level that could win at this batch size
-    if its extra tokens were always accepted (usually one level deeper; from off on a
-    host-bound step, where one draft level cannot pay its fixed cost, a deeper one), so
-    acceptance there is measured rather than only extrapolated.
+    `probe_every` steps it runs, among the deeper levels that could win at this batch size if
+    their extra tokens were always accepted, the one the current estimates rank best (under
+    load usually one level deeper, where a probe is cheapest; on a host-bound step, where every
+    depth costs about the same, the deepest), so acceptance there is measured rather than
+    only extrapolated.
     Where a deeper level has been measured on fewer than THIN_EVIDENCE tokens, the probe goes
     that deep and comes ten times as often: at batch 1 a choice that fell back to off on two
     unlucky tokens otherwise stayed off (a host-bound pair whose chain 4 pays 1.3x ran at
@@ -261,11 +262,11 @@ class AutoPolicy(SpeculationPolicy):
             self.depth = best
         # Probing: acceptance is only measured at depths that run, and an extrapolation from
         # shallower ones can keep a policy below a deeper draft that would pay. Once every
-        # `probe_every` steps, run the shallowest deeper level where perfect acceptance could
-        # win (on a host-bound step the first draft level carries the fixed cost and cannot win
-        # alone while deeper ones can). A level measured on few tokens (batch 1, or a choice
-        # that fell back before it was known) is probed ten times as often: an estimate from
-        # two tokens must not keep a policy off for good.
+        # `probe_every` steps, run a deeper level where perfect acceptance could win (on a
+        # host-bound step the first draft level carries the fixed cost and cannot win alone
+        # while deeper ones can): the one today's estimates rank best. A level measured on few
+        # tokens (batch 1, or a choice that fell back before it was known) is probed ten times
+        # as often: an estimate from two tokens must not keep a policy off for good.
         self.steps_since_spec += 1
         if self.steps_since_spec < max(1, self.probe_every // 10):   # no probe can be due yet
             return self.shapes[self.depth]
@@ -273,6 +274,7 @@ class AutoPolicy(SpeculationPolicy):
                 all(self.evidence[d - 1] >= self.THIN_EVIDENCE for d in range(self.depth + 1, self.max_depth + 1)):
             return self.shapes[self.depth]   # ... nor before probe_every, but a thin level's
         deeper = [d for d in range(self.depth + 1, self.max_depth + 1) if self._could_win(batch_size, self.depth, d)]
+        deeper.sort(key=lambda d: -g.get(d, float("inf")))
         thin = [d for d in deeper if self.evidence[d - 1] < self.THIN_EVIDENCE]
         # A deeper level whose figure went stale may be priced out by a slower hour of the
         # host: it is probed too, four times as seldom (well under 1% of steps under load).

@@ -636,3 +636,22 @@ def test_auto_reevaluates_a_standing_choice_every_few_steps():
     for _ in range(pol.REEVALUATE_EVERY):
         pol.decide(5)
     assert len(calls) == pol.REEVALUATE_EVERY   # every step for a while after a change
+
+
+def test_auto_probes_the_level_its_estimates_rank_best():
+    """Where deeper drafts cost the same (a host-bound step at batch 1), a probe from off goes
+    straight to the deepest level: one level at a time, `auto` took hundreds of steps to climb
+    back after a hard prompt (auto_sim.py with per-request acceptance). Where they cost more
+    (under load), the cheapest level that could win is probed."""
+    flat = _measured_auto([0.5, 0.3, 0.2, 0.15])
+    flat.rates[:] = [0.3, 0.1, 0.05, 0.02]     # a hard prompt: off is chosen
+    for d in range(5):
+        flat.times[(d, flat.bucket(1))] = 0.6e-3 if d == 0 else 0.9e-3
+    flat.steps_since_spec = flat.probe_every
+    assert depth_of(flat.decide(1)) == 4 and flat.depth == 0
+    steep = _measured_auto([0.5, 0.3, 0.2, 0.15])
+    steep.rates[:] = [0.8, 0.6, 0.45, 0.3]
+    for d in range(5):
+        steep.times[(d, steep.bucket(256))] = 0.014 + 0.012 * d
+    steep.steps_since_spec = steep.probe_every
+    assert depth_of(steep.decide(256)) == 1 and steep.depth == 0
