@@ -274,6 +274,8 @@ class AutoPolicy(SpeculationPolicy):
                 all(self.evidence[d - 1] >= self.THIN_EVIDENCE for d in range(self.depth + 1, self.max_depth + 1)):
             return self.shapes[self.depth]   # ... nor before probe_every, but a thin level's
         deeper = [d for d in range(self.depth + 1, self.max_depth + 1) if self._could_win(batch_size, self.depth, d)]
+        # (by today's goodput, untimed first: probing one level at a time from off took hundreds
+        # of steps to climb back after a hard prompt, benchmarks/auto_sim.py --regime-every)
         deeper.sort(key=lambda d: -g.get(d, float("inf")))
         thin = [d for d in deeper if self.evidence[d - 1] < self.THIN_EVIDENCE]
         # A deeper level whose figure went stale may be priced out by a slower hour of the
