@@ -14,7 +14,7 @@ import pytest
 
 from adaspec import LLM, SamplingParams
 from adaspec.bench.server import ServerProcess, free_port
-from adaspec.demo import DEMO_HEAD, DEMO_MODEL_NAME, DEMO_TARGET, demo_available
+from adaspec.demo import DEMO_HEAD, DEMO_MODEL_NAME, DEMO_NUM_STEPS, DEMO_TARGET, demo_available
 
 pytestmark = pytest.mark.skipif(not demo_available(), reason="the demo pair is not bundled")
 
@@ -33,8 +33,9 @@ def baseline():
     return [o.token_ids for o in llm.generate(PROMPTS, _params())]
 
 
-@pytest.mark.parametrize("num_steps,topk,num_draft_tokens,min_accept", [(4, 1, 5, 2.0), (2, 4, 16, 2.0)],
-                         ids=["chain4", "tree16"])
+@pytest.mark.parametrize("num_steps,topk,num_draft_tokens,min_accept",
+                         [(4, 1, 5, 2.0), (2, 4, 16, 2.0), (DEMO_NUM_STEPS, 1, DEMO_NUM_STEPS + 1, 2.0)],
+                         ids=["chain4", "tree16", "default_depth"])
 def test_demo_speculation_lossless_and_accepted(baseline, num_steps, topk, num_draft_tokens, min_accept):
     llm = LLM(str(DEMO_TARGET), draft=str(DEMO_HEAD), speculation="always", num_steps=num_steps, topk=topk,
               num_draft_tokens=num_draft_tokens, device="cpu")
@@ -88,7 +89,7 @@ def test_demo_defaults_from_the_command_line(argv, policy, num_steps, topk):
     import argparse
 
     from adaspec.config import EngineConfig, add_engine_cli_args, engine_kwargs_from_cli
-    from adaspec.demo import DEMO_NUM_STEPS, apply_demo_defaults
+    from adaspec.demo import apply_demo_defaults
     p = argparse.ArgumentParser()
     add_engine_cli_args(p)
     a = p.parse_args(argv)
