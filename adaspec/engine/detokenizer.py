@@ -44,9 +44,8 @@ class Detokenizer:
         return self._check_stop(req)
 
     def _update_stream(self, req: Request, check_stop: bool = True) -> bool:
-        from tokenizers.decoders import DecodeStream
-
         if req.decode_stream is None:
+            from tokenizers.decoders import DecodeStream   # (a backend tokenizer means tokenizers is there)
             req.decode_stream = DecodeStream(skip_special_tokens=True)
         ids = req.output_token_ids
         for i in range(req.read_offset, len(ids)):

@@ -349,6 +349,8 @@ class Scheduler:
                     self._finish(req, reason)
                     break
             if res.emitted:
+                if self.detokenizer is not None and not req.params.stop:
+                    self.detokenizer.update(req, check_stop=False)
                 changed.append(req)
             if req.is_finished or preempted:
                 continue
@@ -376,7 +378,9 @@ class Scheduler:
         early = n - req.num_prompt_tokens <= p.min_tokens
         if not early and ((tok in req.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids):
             return "stop"
-        if self.detokenizer is not None and self.detokenizer.update(req, check_stop=not early):
+        # Stop strings are looked for token by token (the text is cut at the first); without
+        # any, the text is extended once per step (`postprocess`): the same text, fewer calls.
+        if p.stop and self.detokenizer is not None and self.detokenizer.update(req, check_stop=not early):
             return "stop"  # a stop string completed; the detokenizer cut the text
         if n - req.num_prompt_tokens >= p.max_tokens or n >= self.max_model_len:
             return "length"
