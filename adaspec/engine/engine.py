@@ -287,10 +287,15 @@ class Engine:
     def _observe(self, plan: StepPlan, results: list[StepResult], elapsed: float, cost: float) -> None:
         """Counters, the prefill pacer (fed the step's device span `elapsed`) and the policy
         (fed `cost`: what the step cost the engine's cadence, StepClock)."""
-        acc, drafted = Counter(), Counter()
+        acc: list[int] = []       # per draft position: requests that drafted it / had it accepted
+        drafted: list[int] = []
         for s, res in zip(plan.scheduled, results):
             if s.draft is not None and not res.discarded:
                 self.spec_stats.record(res.tree_depth, res.tree_nodes, res.num_accepted)
+                if len(drafted) < res.tree_depth:
+                    grow = [0] * (res.tree_depth - len(drafted))
+                    drafted += grow
+                    acc += grow
                 for d in range(res.tree_depth):
                     drafted[d] += 1
                 for d in range(res.num_accepted):
@@ -300,14 +305,12 @@ class Engine:
         self.counters["spec_steps" if draft_len else "nonspec_steps"] += 1
         self.draft_len_histogram[draft_len] += 1
         self.counters["num_steps"] += 1
-        depth = max(drafted) + 1 if drafted else 0
         prefill = sum(s.num_rows for s in plan.scheduled if s.num_rows > 1)   # catch-up rows too
         self.scheduler.pacer.observe(elapsed, prefill)
         self.policy.observe(StepFeedback(
             batch_size=len(plan.scheduled), num_tokens=plan.num_tokens, draft_len=draft_len, step_time=cost,
             num_prefill_tokens=prefill,
-            accepted_per_position=tuple(acc[d] for d in range(depth)),
-            drafted_per_position=tuple(drafted[d] for d in range(depth))))
+            accepted_per_position=tuple(acc), drafted_per_position=tuple(drafted)))
 
     def _outputs(self, reqs: list[Request]) -> list[RequestOutput]:
         outs = []
