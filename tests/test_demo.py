@@ -97,3 +97,20 @@ def test_demo_defaults_from_the_command_line(argv, policy, num_steps, topk):
     spec = EngineConfig.create(a.model, **engine_kwargs_from_cli(a)).spec
     assert (spec.policy, spec.num_steps, spec.topk) == (policy, DEMO_NUM_STEPS if num_steps == "demo" else num_steps, topk)
     assert (spec.draft is not None) == ("--model" not in argv)
+
+
+def test_text_stops_before_a_stop_token_under_speculation(baseline):
+    """A step emits several tokens under speculation and its text is spelled once per step:
+    a token that stops the request (here a plain word piece given as a stop id) is in the
+    token ids, not in the text, with and without speculation alike."""
+    from adaspec.tokenization import load_tokenizer
+    tok = load_tokenizer(str(DEMO_TARGET))
+    ids = baseline[0]
+    k = next(i for i in range(4, len(ids)) if tok.decode([ids[i]]).strip() and ids[i] not in ids[:i])
+    sp = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, stop_token_ids=[ids[k]])
+    texts = []
+    for kw in ({}, dict(draft=str(DEMO_HEAD), speculation="always", num_steps=DEMO_NUM_STEPS)):
+        out = LLM(str(DEMO_TARGET), device="cpu", **kw).generate(PROMPTS[:1], sp)[0]
+        assert out.token_ids == ids[:k + 1] and out.finish_reason == "stop"
+        texts.append(out.text)
+    assert texts[0] == texts[1] == tok.decode(ids[:k], skip_special_tokens=True)

@@ -26,13 +26,15 @@ class Detokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def update(self, req: Request, check_stop: bool = True) -> bool:
-        """Extend `req.text` with what the newest tokens spell. Returns True (and cuts the text
-        before the stop string) if one of the request's stop strings has appeared (looked for
-        only when `check_stop`: min_tokens suspends them)."""
+    def update(self, req: Request, check_stop: bool = True, upto: int | None = None) -> bool:
+        """Extend `req.text` with what the newest tokens spell (the first `upto` output tokens,
+        default all). Returns True (and cuts the text before the stop string) if one of the
+        request's stop strings has appeared (looked for only when `check_stop`: min_tokens
+        suspends them)."""
         if self.backend is not None:
-            return self._update_stream(req, check_stop)
+            return self._update_stream(req, check_stop, upto)
         ids = req.output_token_ids
+        ids = ids if upto is None else ids[:upto]
         prefix = self._decode(ids[req.prefix_offset:req.read_offset])
         full = self._decode(ids[req.prefix_offset:])
         if len(full) > len(prefix) and not full.endswith(REPLACEMENT):
@@ -43,17 +45,18 @@ class Detokenizer:
             return False
         return self._check_stop(req)
 
-    def _update_stream(self, req: Request, check_stop: bool = True) -> bool:
+    def _update_stream(self, req: Request, check_stop: bool = True, upto: int | None = None) -> bool:
         if req.decode_stream is None:
             from tokenizers.decoders import DecodeStream   # (a backend tokenizer means tokenizers is there)
             req.decode_stream = DecodeStream(skip_special_tokens=True)
         ids = req.output_token_ids
-        for i in range(req.read_offset, len(ids)):
+        n = len(ids) if upto is None else upto
+        for i in range(req.read_offset, n):
             piece = req.decode_stream.step(self.backend, ids[i])
             if piece is not None:
                 req.text += piece
                 req.prefix_offset = i + 1
-        req.read_offset = len(ids)
+        req.read_offset = max(req.read_offset, n)
         if not check_stop:
             req.stop_checked_len = len(req.text)
             return False

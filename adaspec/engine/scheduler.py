@@ -340,6 +340,7 @@ class Scheduler:
             if res.prompt_logprobs is not None:   # by position: a recomputed prompt rewrites its own
                 first, entries = res.prompt_logprobs
                 req.prompt_logprobs[first:first + len(entries)] = entries
+            reason = None
             for j, tok in enumerate(res.emitted):
                 req.all_token_ids.append(tok)
                 if res.logprobs is not None:
@@ -350,7 +351,10 @@ class Scheduler:
                     break
             if res.emitted:
                 if self.detokenizer is not None and not req.params.stop:
-                    self.detokenizer.update(req, check_stop=False)
+                    # A token that stopped the request (eos, a stop id, a complete grammar) is
+                    # not spelled, as `_stop_reason` never spelled it.
+                    n = len(req.all_token_ids) - req.num_prompt_tokens   # (read back: none pending)
+                    self.detokenizer.update(req, check_stop=False, upto=n - 1 if reason == "stop" else n)
                 changed.append(req)
             if req.is_finished or preempted:
                 continue
