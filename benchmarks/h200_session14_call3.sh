@@ -6,10 +6,10 @@
 # processes), 192 requests each (8-10 s of serving, where 48 gave 2-3 s); then the cost per
 # length again (benchmarks/step_cost_trace.py, the whole set).
 . benchmarks/device_preamble.sh call3
-part 420 served python3 -m adaspec.cli compare --configs "off,auto,always" --rounds 3 \
+part 450 served python3 -m adaspec.cli compare --configs "off,auto,always" --rounds 3 \
     --concurrency 1 --dataset tests/data/demo_heldout.jsonl --output-len 128 --num-prompts 192 --num-warmup 2 \
     --device cuda --out-dir $R/served
 grep -h "^   1 \|^-- \|round\|median" $R/served.log | head -40
 grep -h "shutdown" $R/served/server-auto*.log | cut -c1-420
-part 60 trace python3 benchmarks/step_cost_trace.py --num-steps 8 --out $R/trace.json
+part 50 trace python3 benchmarks/step_cost_trace.py --num-steps 8 --out $R/trace.json
 grep -v Warn $R/trace.log | tail -n 10
