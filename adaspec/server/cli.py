@@ -59,6 +59,14 @@ def check_paths(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _speculation_text(spec) -> str:
+    """The policy and its largest draft, for the start-up line (`auto, chains of up to 8 drafts`)."""
+    if spec.policy == "off" or spec.draft is None:
+        return spec.policy
+    return f"{spec.policy}, " + (f"chains of up to {spec.num_steps} drafts" if spec.topk == 1 else
+                                 f"trees of {spec.num_steps} steps x {spec.topk} ({spec.resolved_num_draft_tokens} tokens)")
+
+
 def _load_engine(args: argparse.Namespace, process: bool = False):
     """The engine for `args`; with `process`, in its own process (see server/engine_proc.py)."""
     from adaspec.demo import apply_demo_defaults
@@ -331,14 +339,13 @@ def _build_server(args: argparse.Namespace, engine, sock: socket.socket):
                       f"{st['cuda_graph_memory_bytes'] / 2**30:.2f} GiB)" if st.get("cuda_graphs") else "eager")
             logger.info("adaspec serving %s | draft %s | speculation %s | device %s, dtype %s, TP %d | max "
                         "model len %d | KV capacity %d tokens (%d blocks x %d) | %s attention, %s | http://%s:%d",
-                        settings.served_model_name, cfg.spec.draft or "none", cfg.spec.policy, cfg.device,
+                        settings.served_model_name, cfg.spec.draft or "none", _speculation_text(cfg.spec), cfg.device,
                         cfg.dtype, cfg.tensor_parallel_size, engine.max_model_len, total * block_size, total,
                         block_size, st.get("attention_backend", "?"), graphs, args.host, port)
 
     # uvicorn's own start/stop chatter stays below the one startup line unless debugging.
     uv_level = "debug" if args.log_level == "debug" else "warning"
-    # uvicorn's own deadline is a backstop (e.g. a client that stopped reading): a few seconds
-    # after ours, it cancels what is still open.
+    # uvicorn's deadline, a few seconds after ours, is a backstop (a client that stopped reading).
     server = Server(uvicorn.Config(app, host=args.host, port=sock.getsockname()[1], log_level=uv_level,
                                    access_log=args.access_log, lifespan="on",
                                    http=GuardedH11Protocol.with_header_timeout(args.client_timeout),

@@ -197,3 +197,13 @@ def test_server_info_shows_the_policys_cost_table():
     info = server_info(SimpleNamespace(aengine=aengine, settings=settings))
     assert info["policy"]["name"] == "auto" and info["policy"]["step_ms"] == {"2": {4: 6.0}}
     assert info["policy"]["tau"][0] == 1.0 and set(info["policy"]["goodput"]) == {2}
+
+
+def test_the_start_up_line_names_the_largest_draft():
+    from adaspec.config import SpecConfig
+    from adaspec.server.cli import _speculation_text
+    assert _speculation_text(SpecConfig(draft="h", policy="auto", num_steps=8)) == \
+        "auto, chains of up to 8 drafts"
+    assert _speculation_text(SpecConfig(draft="h", policy="always", num_steps=2, topk=4, num_draft_tokens=16)) == \
+        "always, trees of 2 steps x 4 (16 tokens)"
+    assert _speculation_text(SpecConfig(draft="h", policy="off")) == "off"
