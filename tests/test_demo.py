@@ -114,4 +114,3 @@ def test_text_stops_before_a_stop_token_under_speculation(baseline):
         assert out.token_ids == ids[:k + 1] and out.finish_reason == "stop"
         texts.append(out.text)
     assert texts[0] == texts[1] == tok.decode(ids[:k], skip_special_tokens=True)
-
