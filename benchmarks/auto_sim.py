@@ -102,16 +102,25 @@ def simulate(costs: list[float], cond: list[float], b: int, steps: int, seed: in
 
 def noise_draws(path: str) -> list[float]:
     """Multiplicative noise factors measured on a device: every steady step (no prompt rows,
-    batch 1, not the first of its run) of a `step_cost_trace.py` record over the median of
-    its length's such steps (call 2 of session 14 on the H200: 5th / 50th / 95th / 99th
-    percentiles 0.89 / 1.00 / 1.44 / 1.67, the largest 2.78: a tail uniform noise lacks)."""
+    batch 1, not the first of its run) over the median of its length's such steps. `path`: a
+    `step_cost_trace.py` JSON (call 2 of session 14 on the H200: 5th / 50th / 95th / 99th
+    percentiles 0.89 / 1.00 / 1.44 / 1.67, the largest 2.78: a tail uniform noise lacks), or a
+    served engine's ADASPEC_POLICY_TRACE file (spec_decode/policy_trace.py; probe steps left out)."""
     with open(path) as f:
-        recs = [r for r in json.load(f)["records"] if r["prefill"] == 0 and r["batch"] == 1 and r["pos"] >= 2]
-    by = {}
-    for r in recs:
-        by.setdefault(r["decided"], []).append(r["cost_ms"])
+        first = f.readline()
+        if path.endswith(".jsonl"):   # [batch, length, us, prompt rows, accepted, drafted, probe] per step
+            rows = [json.loads(line) for line in f if line.strip()]
+            steps = [(r[1], r[2]) for prev, r in zip(rows, rows[1:])
+                     if r[0] == 1 and r[3] == 0 and not r[6] and prev[1] == r[1]]
+        else:
+            recs = json.loads(first + f.read())["records"]
+            steps = [(r["decided"], r["cost_ms"]) for r in recs
+                     if r["prefill"] == 0 and r["batch"] == 1 and r["pos"] >= 2]
+    by: dict[int, list[float]] = {}
+    for d, c in steps:
+        by.setdefault(d, []).append(c)
     med = {d: statistics.median(x) for d, x in by.items()}
-    return [r["cost_ms"] / med[r["decided"]] for r in recs]
+    return [c / med[d] for d, c in steps]
 
 
 def main(argv=None) -> int:

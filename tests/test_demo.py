@@ -62,8 +62,9 @@ def test_demo_files_are_small_and_in_specforge_layout():
 def test_serve_without_model_arguments(tmp_path):
     port = free_port()
     cmd = [sys.executable, "-m", "adaspec.cli", "serve", "--port", str(port), "--log-level", "info"]
+    trace = tmp_path / "policy"   # ADASPEC_POLICY_TRACE: what `auto` observed, written at the stop
     with ServerProcess(cmd, f"http://127.0.0.1:{port}", tmp_path / "serve.log", startup_timeout=240,
-                       stop_grace=20) as server:
+                       stop_grace=20, env={"ADASPEC_POLICY_TRACE": str(trace)}) as server:
         models = httpx.get(f"{server.base_url}/v1/models", timeout=30).json()
         assert [m["id"] for m in models["data"]] == [DEMO_MODEL_NAME]
         r = httpx.post(f"{server.base_url}/v1/completions", timeout=120, json={
@@ -73,6 +74,10 @@ def test_serve_without_model_arguments(tmp_path):
         assert body["usage"]["completion_tokens"] == 16 and body["choices"][0]["text"]
     log = (tmp_path / "serve.log").read_text()
     assert "speculation auto" in log and str(DEMO_HEAD) in log, log
+    [written] = tmp_path.glob("policy.*.jsonl")
+    head, *steps = [json.loads(line) for line in written.read_text().splitlines()]
+    assert head == {"policy": "auto", "num_steps": DEMO_NUM_STEPS, "topk": 1}
+    assert steps and all(len(r) == 7 and r[0] == 1 for r in steps)   # one request: batch 1 throughout
 
 
 @pytest.mark.parametrize("argv,policy,num_steps,topk", [

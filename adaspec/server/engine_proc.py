@@ -42,6 +42,7 @@ from adaspec.config import EngineConfig
 from adaspec.engine.request import RequestOutput
 from adaspec.sampling import SamplingParams
 from adaspec.server.async_engine import STATS_EVERY_S
+from adaspec.spec_decode.policy_trace import PolicyTrace
 
 logger = logging.getLogger("adaspec.server")
 
@@ -285,6 +286,7 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
         return
     last_sent = last_stats = time.monotonic()
     profiler = _start_profile()
+    trace = PolicyTrace(engine.policy) if os.environ.get("ADASPEC_POLICY_TRACE") else None
     while True:
         # Idle (or stalled: it planned nothing last step) -> wait for a command, up to 0.5 s.
         busy = engine.has_unfinished() and not engine.num_stalled_steps
@@ -310,6 +312,8 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
                     _log_final_stats(engine)
                     if profiler is not None:
                         _dump_profile(profiler)
+                    if trace is not None:   # (spec_decode/policy_trace.py: what the policy saw)
+                        trace.write(f"{os.environ['ADASPEC_POLICY_TRACE']}.{os.getpid()}.jsonl")
                     engine.close()   # its tensor-parallel workers, if any
                     return
         except (EOFError, OSError):   # the server is gone

@@ -45,3 +45,30 @@ def test_a_fixed_run_is_the_length_it_is_given(sim):
     assert r["depths"] == {1: 200}
     # tokens per step at a chain of 1 with acceptance 0.8: 1.8 on average
     assert 1.6 < r["tok_per_s"] * 1.5e-3 < 2.0
+
+
+def test_a_served_policy_trace_gives_noise_draws(sim, tmp_path):
+    """ADASPEC_POLICY_TRACE's file (what the policy observed in a served engine) feeds the same
+    noise model: steady steps of one length over their median, probes and switches left out."""
+    from adaspec.config import SpecConfig
+    from adaspec.spec_decode.policy import AutoPolicy, StepFeedback
+    from adaspec.spec_decode.policy_trace import PolicyTrace
+    pol = AutoPolicy(SpecConfig(draft="x", policy="auto", num_steps=2))
+    seen = []
+    pol.observe = lambda fb, _o=pol.observe: seen.append(fb) or _o(fb)
+    trace = PolicyTrace(pol)
+    costs = [(2, 1.0), (2, 1.2), (2, 0.8), (0, 5.0), (0, 0.5), (0, 0.5), (2, 9.0), (2, 1.0)]
+    for d, ms in costs:
+        pol.observe(StepFeedback(batch_size=1, num_tokens=d + 1, draft_len=d, step_time=ms / 1e3,
+                                 accepted_per_position=(1,) * d, drafted_per_position=(1,) * d))
+    pol.probes.append((2, True))   # an auto probe: recorded as one, and left out of the noise
+    pol.observe(StepFeedback(batch_size=1, num_tokens=3, draft_len=2, step_time=7e-3,
+                             accepted_per_position=(1, 0), drafted_per_position=(1, 1)))
+    assert len(seen) == len(costs) + 1   # the policy still observes every step
+    path = tmp_path / "t.123.jsonl"
+    trace.write(str(path))
+    head, *rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert head == {"policy": "auto", "num_steps": 2, "topk": 1}
+    assert rows[0] == [1, 2, 1000.0, 0, [1, 1], [1, 1], False] and rows[-1][-1] is True
+    # steady: (2: 1.2, 0.8, 1.0) and (0: 0.5, 0.5); the first of each run and the probe are left out
+    assert sorted(sim.noise_draws(str(path))) == pytest.approx([0.8, 1.0, 1.0, 1.0, 1.2])
