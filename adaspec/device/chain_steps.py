@@ -41,7 +41,7 @@ import torch
 
 from adaspec.device import shift_kernels
 from adaspec.device.shift import Shift, apply_packed
-from adaspec.device.staging import _ALIGN, Staging, _pad4
+from adaspec.device.staging import Staging, _pad4, align16
 from adaspec.layers.attention import AttnMeta
 from adaspec.layers.fused_ops import _next_pow2, triton, use_triton
 
@@ -84,14 +84,9 @@ if triton is not None:
             tl.store(h0_ptr + j * stride_h0 + d, x, mask=d < H)
 
 
-def _align16(nbytes: int) -> int:
-    """`nbytes` rounded up as `Staging.reserve` rounds a field's end."""
-    return -(-nbytes // _ALIGN) * _ALIGN
-
-
 def _shift_at(K: int, b: int) -> int:
     """Byte offset of the packed shift from the inputs: after them and the sink (`stage`)."""
-    return _align16(_align16(8 * (INPUTS + 2 * K) * b) + 8)
+    return align16(align16(8 * (INPUTS + 2 * K) * b) + 8)
 
 
 def shift_bound(b: int, K: int) -> int:

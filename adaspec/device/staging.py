@@ -24,6 +24,11 @@ _ALIGN = 16
 _NP_DTYPE = {torch.int64: np.int64, torch.int32: np.int32, torch.uint8: np.uint8, torch.float32: np.float32}
 
 
+def align16(nbytes: int) -> int:
+    """`nbytes` rounded up to a whole number of 16-byte units (where every field starts)."""
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
 class Staging:
     """Double-buffered on the host: while step N's copy may still be queued behind step N-1
     on the device, step N+1 is written into the other pinned buffer (overlap). The device
@@ -31,7 +36,7 @@ class Staging:
 
     def __init__(self, nbytes: int, device: torch.device):
         self.device = device
-        nbytes = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN   # whole elements of every dtype's view
+        nbytes = align16(nbytes)   # whole elements of every dtype's view
         pin = device.type == "cuda"
         self.hosts = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(2 if pin else 1)]
         self.host_nps = [h.numpy() for h in self.hosts]
@@ -97,7 +102,7 @@ class Staging:
         end = start + n * size
         if end > self.nbytes:
             raise RuntimeError(f"step staging buffer overflow ({end} > {self.nbytes} bytes)")
-        self.offset = (end + _ALIGN - 1) // _ALIGN * _ALIGN
+        self.offset = align16(end)
         el = start // size
         return self.typed[dtype][el: el + n].reshape(shape), _Ref(self, start, n, dtype, shape)
 
@@ -115,7 +120,7 @@ class Staging:
         a = np.asarray(rows, dtype=_NP_DTYPE[dtype])
         k, n = a.shape
         size = _ELEMENT_SIZE[dtype]
-        width = -(-n * size // _ALIGN) * _ALIGN // size   # a row padded to 16 bytes
+        width = align16(n * size) // size   # a row padded to 16 bytes
         view, ref = self.reserve((k, width), dtype)
         view[:, :n] = a
         step = width * size
