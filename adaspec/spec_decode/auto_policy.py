@@ -335,6 +335,7 @@ class AutoPolicy(SpeculationPolicy):
         probe = first = False
         if self.probes and self.probes[0][0] == depth:
             probe, first = True, self.probes.popleft()[1]
+        self.last_was_probe = probe
         key = (depth, self.bucket(fb.batch_size))
         # A probe is a short run of another depth between steps of the chosen one; its
         # acceptance counts. The step that switches to it is not that depth's steady cost

@@ -30,6 +30,7 @@ class SpeculationPolicy(abc.ABC):
     name = "base"
     prices_catchup = False   # True: `decide` wants `catchup_tokens` (the scheduler counts them)
     refreshes_prompts = True  # prompt rows write the draft KV even in steps that do not speculate
+    last_was_probe = False    # the step `observe` was last fed was a probe (`auto`: a short run of another depth)
 
     def __init__(self, cfg: SpecConfig):
         self.cfg = cfg

@@ -25,11 +25,9 @@ class PolicyTrace:
         policy.observe = self._traced
 
     def _traced(self, fb: StepFeedback) -> None:
-        probes = getattr(self.policy, "probes", None)   # (AutoPolicy: probe steps decided, not yet observed)
-        probe = bool(probes) and probes[0][0] == len(fb.drafted_per_position)
-        self.records.append([fb.batch_size, fb.draft_len, round(fb.step_time * 1e6, 1), fb.num_prefill_tokens,
-                             list(fb.accepted_per_position), list(fb.drafted_per_position), probe])
         self._observe(fb)
+        self.records.append([fb.batch_size, fb.draft_len, round(fb.step_time * 1e6, 1), fb.num_prefill_tokens,
+                             list(fb.accepted_per_position), list(fb.drafted_per_position), self.policy.last_was_probe])
 
     def write(self, path: str) -> None:
         cfg = self.policy.cfg
