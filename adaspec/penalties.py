@@ -2,6 +2,8 @@
 logit_bias, min_tokens, then the repetition, frequency and presence penalties. Pure
 functions of device tensors; the engine stages the histories (`engine/penalty_step.py`).
 
+    allowed_token_ids   logits[t] = -inf for every t not allowed
+    bad_words           logits[w_last] = -inf where the history ends with the word's other tokens
     logit_bias          logits[t] += bias[t]
     min_tokens          EOS and stop_token_ids at -inf while fewer than min_tokens were generated
     repetition_penalty  for t seen in the prompt or the output: logits[t] / r if > 0, else * r
@@ -39,6 +41,12 @@ class PenaltyBatch:
     stops: torch.Tensor         # [2, S] (row, token) of the ids min_tokens masks
     use_repetition: bool
     use_min_tokens: bool
+    allow: torch.Tensor | None = None        # [2, A] (row, token) of allowed_token_ids ...
+    restricted: torch.Tensor | None = None   # [P] bool ... and the rows that have a list
+    bad_row: torch.Tensor | None = None      # [W] int64 row of each bad-word token sequence,
+    bad_prefix: torch.Tensor | None = None   # [W, M] int64 its tokens but the last, right-aligned (-2: any)
+    bad_last: torch.Tensor | None = None     # [W] int64 its last token (the one banned)
+    tail: torch.Tensor | None = None         # [P, M] int64 the last M output tokens in `hist` (-1: none)
 
 
 def path_matrix(parents: torch.Tensor | None, P: int, N: int, depth: int, device) -> torch.Tensor:
@@ -73,6 +81,11 @@ def apply_penalties(logits: torch.Tensor, pb: PenaltyBatch, tokens: torch.Tensor
     `pb.pending`)."""
     P, N, V = logits.shape
     logits = logits.float()
+    if pb.allow is not None:
+        allowed = _dense(pb.allow, P, V) > 0
+        logits = logits.masked_fill((~allowed & pb.restricted.unsqueeze(1)).unsqueeze(1), float("-inf"))
+    if pb.bad_row is not None:
+        logits = _ban_bad_words(logits, pb, tokens, anc, recent, recent_count)
     counts = _dense(pb.hist, P, V, pb.hist_val)
     W = recent.shape[1]
     fresh = (torch.arange(W, device=recent.device).unsqueeze(0) < recent_count.unsqueeze(1)) & pb.pending.unsqueeze(1)
@@ -92,3 +105,43 @@ def apply_penalties(logits: torch.Tensor, pb: PenaltyBatch, tokens: torch.Tensor
         rep = seen | (_dense(pb.prompt, P, V) > 0).unsqueeze(1)
         logits = torch.where(rep, torch.where(logits > 0, logits / r, logits * r), logits)
     return logits - pb.frequency.view(P, 1, 1) * node_counts - pb.presence.view(P, 1, 1) * seen.float()
+
+
+def _history_tail(pb: PenaltyBatch, tokens: torch.Tensor, anc: torch.Tensor, recent: torch.Tensor,
+                  recent_count: torch.Tensor) -> torch.Tensor:
+    """[P, N, M] the last M tokens of each node's history (-1 where the history is shorter):
+    the host-known output `pb.tail`, then the in-flight step's `recent` tokens (where
+    `pb.pending`), then the draft tokens on the node's path from the root, itself included."""
+    P, N = tokens.shape
+    M = pb.tail.shape[1]
+    depth = anc.sum(2)                                          # [P, N] drafts on the path
+    rc = (recent_count * pb.pending).unsqueeze(1)               # [P, 1]
+    cols = []
+    for f in range(M, 0, -1):                                   # f-th token from the end
+        # On the path: the ancestor whose depth is depth_i - f + 1.
+        on = anc & (depth.unsqueeze(1) == (depth - f + 1).unsqueeze(2))            # [P, N, N]
+        from_path = (on.long() * tokens.unsqueeze(1)).sum(2)
+        g = f - depth                                            # [P, N] from the end before the path
+        from_recent = recent.gather(1, (rc - g).clamp(0, recent.shape[1] - 1))
+        from_tail = pb.tail.gather(1, (M - (g - rc)).clamp(0, M - 1))
+        from_tail = torch.where(M - (g - rc) >= 0, from_tail, torch.full_like(from_tail, -1))
+        cols.append(torch.where(g <= 0, from_path, torch.where(g <= rc, from_recent, from_tail)))
+    return torch.stack(cols, dim=2)
+
+
+def _ban_bad_words(logits: torch.Tensor, pb: PenaltyBatch, tokens: torch.Tensor, anc: torch.Tensor,
+                   recent: torch.Tensor, recent_count: torch.Tensor) -> torch.Tensor:
+    """-inf on each bad word's last token at the nodes whose history ends with its other tokens."""
+    P, N, V = logits.shape
+    W = pb.bad_row.shape[0]
+    if pb.tail.shape[1]:
+        window = _history_tail(pb, tokens, anc, recent, recent_count)[pb.bad_row]     # [W, N, M]
+        prefix = pb.bad_prefix.unsqueeze(1)
+        match = ((window == prefix) | (prefix == -2)).all(2)                          # [W, N]
+    else:
+        match = torch.ones(W, N, dtype=torch.bool, device=logits.device)
+    ban = torch.zeros(P, N, V, dtype=torch.float32, device=logits.device)
+    nodes = torch.arange(N, device=logits.device).unsqueeze(0).expand(W, N)
+    ban.index_put_((pb.bad_row.unsqueeze(1).expand(W, N), nodes, pb.bad_last.unsqueeze(1).expand(W, N)),
+                   match.float(), accumulate=True)
+    return logits.masked_fill(ban > 0, float("-inf"))

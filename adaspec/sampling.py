@@ -58,6 +58,17 @@ class SamplingParams:
     `prompt_logprobs` the same for every prompt token (the request then skips the prefix
     cache, whose blocks have no logits). `n` choices of one prompt: `choices()` gives their
     per-choice params (seed + index).
+
+    Output and prompt handling (vLLM's fields): `include_stop_str_in_output` keeps the stop
+    string (or the stop token's text) at the end of the text; `skip_special_tokens` (default
+    on) leaves special tokens out of the text, `spaces_between_special_tokens` (slow
+    tokenizers only, as in transformers) spaces them when they are kept;
+    `truncate_prompt_tokens` = k keeps the prompt's last k tokens (-1: as many as the context
+    holds, leaving room for one output token). `allowed_token_ids` restricts every draw to
+    those ids; `bad_words` bans each word (as the model writes it, with and without a leading
+    space) at the position where the rest of its tokens would complete it. Both hold on every
+    verified draft position too: a draft position sees the draft tokens before it.
+    `cache_salt`: only requests with the same salt share prefix-cache blocks.
     """
 
     max_tokens: int = 16
@@ -80,6 +91,13 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     n: int = 1
     structured: StructuredOutput | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -87,6 +105,11 @@ class SamplingParams:
         self.stop = [s for s in (self.stop or [])]
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
+        self.bad_words = list(self.bad_words) if self.bad_words else None
         self.validate()
 
     def validate(self) -> None:
@@ -131,6 +154,21 @@ class SamplingParams:
                 raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {v!r}")
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
+        for name in ("include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        t = self.truncate_prompt_tokens
+        if t is not None and (not _is_int(t) or (t < 1 and t != -1)):
+            raise ValueError(f"truncate_prompt_tokens must be -1 (the context's limit) or an integer >= 1, got {t!r}")
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if not ids or any(not _is_int(i) or i < 0 for i in ids):
+                raise ValueError(f"allowed_token_ids must be a non-empty list of token ids (non-negative integers), "
+                                 f"got {ids!r}")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string, got {self.cache_salt!r}")
+        if self.bad_words is not None and any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
+            raise ValueError("bad_words must be a list of non-empty strings")
         if self.structured is not None and self.min_tokens:
             raise ValueError("min_tokens cannot be combined with a structured output: the grammar decides where "
                              "the output ends, and masking its end token could leave no legal token")
@@ -139,7 +177,8 @@ class SamplingParams:
     def penalized(self) -> bool:
         """The request's logits depend on its history (`adaspec.penalties`)."""
         return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
-                or bool(self.logit_bias) or self.min_tokens > 0)
+                or bool(self.logit_bias) or self.min_tokens > 0 or self.allowed_token_ids is not None
+                or bool(self.bad_words))
 
     def choices(self) -> list["SamplingParams"]:
         """The params of each of the `n` choices: n = 1 each, seeded seed + index (unseeded

@@ -43,6 +43,20 @@ def tokenize(tokenizer, prompt: str | list[int]) -> list[int]:
     return list(prompt)
 
 
+def bad_word_ids(tokenizer, words: list[str]) -> list[tuple[int, ...]]:
+    """The token sequences `SamplingParams.bad_words` bans: each word as the model writes it
+    at the start of the text and after a space (its leading spaces dropped first), without
+    special tokens; a spelling that is the same sequence counts once."""
+    if tokenizer is None:
+        raise ValueError("bad_words need the model's tokenizer")
+    out: list[tuple[int, ...]] = []
+    for word in words:
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+            if ids and ids not in out:
+                out.append(ids)
+    return out
+
 
 def encode_text(tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=True))

@@ -35,7 +35,7 @@ from adaspec.engine.step_clock import StepClock
 from adaspec.models.registry import generation_defaults
 from adaspec.sampling import SamplingParams, random_seed
 from adaspec.spec_decode.policy import StepFeedback, make_policy
-from adaspec.tokenization import load_tokenizer, tokenize
+from adaspec.tokenization import bad_word_ids, load_tokenizer, tokenize
 
 log = logging.getLogger("adaspec")
 
@@ -49,20 +49,26 @@ def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vo
     ids = tokenize(tokenizer, prompt)
     if not ids:
         raise ValueError("prompt is empty")
+    if params.truncate_prompt_tokens is not None:   # left truncation: the prompt's last k tokens
+        k = params.truncate_prompt_tokens
+        ids = ids[-(max_model_len - 1 if k == -1 else k):]
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"token id {bad[0]} out of range [0, {vocab_size})")
     bad = [t for t in params.stop_token_ids if t >= vocab_size]
     if bad:
         raise ValueError(f"stop_token_ids: {bad[0]} is out of range [0, {vocab_size})")
-    bad = [t for t in (params.logit_bias or {}) if t >= vocab_size]
-    if bad:
-        raise ValueError(f"logit_bias: token id {bad[0]} is out of range [0, {vocab_size})")
+    for name, given in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or ())):
+        bad = [t for t in given if t >= vocab_size]
+        if bad:
+            raise ValueError(f"{name}: token id {bad[0]} is out of range [0, {vocab_size})")
     if len(ids) + params.max_tokens > max_model_len:
         raise ValueError(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
                          f"model's context of {max_model_len} tokens")
     if params.stop and tokenizer is None:
         raise ValueError("stop strings need a tokenizer; use stop_token_ids")
+    if params.bad_words and tokenizer is None:
+        raise ValueError("bad_words need the model's tokenizer")
     return ids
 
 
@@ -193,6 +199,8 @@ class Engine:
         eos = set(self.eos_token_ids)
         seed = params.seed if params.seed is not None else random_seed(self.rng)
         req = Request(request_id, ids, params, eos, seed=seed)
+        if params.bad_words:
+            req.bad_word_ids = bad_word_ids(self.tokenizer, params.bad_words)
         if params.structured is not None:
             if self.config.tensor_parallel_size > 1:
                 from adaspec.engine.grammar_step import TP_UNSUPPORTED
@@ -337,7 +345,8 @@ class Engine:
                 num_cached_tokens=req.num_cached_tokens, error=req.error,
                 queue_time=None if req.first_scheduled is None else req.first_scheduled - req.arrival,
                 logprobs=req.logprobs, new_logprobs=req.logprobs[start:] if req.logprobs is not None else None,
-                prompt_logprobs=req.prompt_logprobs if req.is_finished or start == 0 else None))
+                prompt_logprobs=req.prompt_logprobs if req.is_finished or start == 0 else None,
+                stop_reason=req.stop_reason if req.is_finished else None))
             if req.is_finished:
                 self.requests.pop(req.request_id, None)
                 if req.finish_reason in ("stop", "length"):

@@ -112,7 +112,7 @@ class KVCacheManager:
             return 0
         max_blocks = (req.num_tokens - 1) // self.block_size
         hits = []
-        for h, key in self._chain(req.all_token_ids, max_blocks):
+        for h, key in self._chain(req.all_token_ids, max_blocks, _root(req)):
             b = self.cached.get(h)
             if b is None or self.block_key[b] != key:
                 break
@@ -148,7 +148,7 @@ class KVCacheManager:
         req.num_draft_blocks = max(req.num_draft_blocks, ok)
 
     def _register(self, req: Request, full: int) -> None:
-        parent = req.block_hashes[-1] if req.block_hashes else None
+        parent = req.block_hashes[-1] if req.block_hashes else _root(req)
         for i, (h, key) in enumerate(self._chain(req.all_token_ids, full, parent, req.num_hashed_blocks),
                                      start=req.num_hashed_blocks):
             b = req.block_ids[i]
@@ -167,3 +167,10 @@ class KVCacheManager:
             self.block_hash[block] = None
             self.block_key[block] = None
             self.draft_ok[block] = False
+
+
+def _root(req: Request):
+    """The parent of a request's first block: its `cache_salt` (vLLM's), so only requests with
+    the same salt share cached prefixes; None without one."""
+    salt = getattr(req.params, "cache_salt", None)
+    return None if salt is None else ("cache_salt", salt)

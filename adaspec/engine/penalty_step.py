@@ -29,9 +29,13 @@ class StagedPenalties:
 
     def batch(self) -> PenaltyBatch:
         t = {k: r.t for k, r in self.refs.items()}
+        allow = {} if "allow" not in t else {"allow": t["allow"], "restricted": t["restricted"].bool()}
+        bad = {} if "bad_row" not in t else {
+            "bad_row": t["bad_row"], "bad_last": t["bad_last"],
+            "bad_prefix": t["bad_prefix"], "tail": t["tail"]}
         return PenaltyBatch(t["rows"], t["presence"], t["frequency"], t["repetition"], t["min_tokens"],
                             t["out_len"], t["pending"].bool(), t["hist"], t["hist_val"], t["prompt"], t["bias"],
-                            t["bias_val"], t["stops"], self.use_repetition, self.use_min_tokens)
+                            t["bias_val"], t["stops"], self.use_repetition, self.use_min_tokens, **allow, **bad)
 
 
 def _pairs(pairs: list[tuple[int, int]]) -> np.ndarray:
@@ -87,8 +91,33 @@ def stage_penalties(stg: Staging, reqs: list) -> StagedPenalties | None:
         "bias": (_pairs(bias), torch.int64), "bias_val": (bias_val, torch.float32),
         "stops": (_pairs(stops), torch.int64),
     }
+    if any(p.allowed_token_ids is not None for p in ps):
+        allow = [(j, t) for j, p in enumerate(ps) for t in (p.allowed_token_ids or ())]
+        host["allow"] = (_pairs(allow), torch.int64)
+        host["restricted"] = ([p.allowed_token_ids is not None for p in ps], torch.uint8)
+    words = [(j, w) for j, k in enumerate(rows) for w in reqs[k].bad_word_ids]
+    width = max((len(w) - 1 for _, w in words), default=0)
+    if words:
+        host.update(_bad_words(words, width, [reqs[k] for k in rows]))
     refs = {k: stg.add(v, dt) for k, (v, dt) in host.items()}
     return StagedPenalties(refs, any(p.repetition_penalty != 1 for p in ps), any(p.min_tokens for p in ps))
+
+
+def _bad_words(words: list[tuple[int, tuple]], width: int, reqs: list) -> dict:
+    """The bad-word arrays of `PenaltyBatch`: each word's row, last token and the others
+    right-aligned in `width` columns (-2: any token), and each row's last `width` output
+    tokens (-1 where the output is shorter)."""
+    prefix = np.full((len(words), width), -2, dtype=np.int64)
+    for i, (_, w) in enumerate(words):
+        if len(w) > 1:
+            prefix[i, width - len(w) + 1:] = w[:-1]
+    tail = np.full((len(reqs), width), -1, dtype=np.int64)
+    for j, r in enumerate(reqs):
+        out = r.output_token_ids[-width:] if width else []
+        if out:
+            tail[j, width - len(out):] = out
+    return {"bad_row": ([j for j, _ in words], torch.int64), "bad_last": ([w[-1] for _, w in words], torch.int64),
+            "bad_prefix": (prefix, torch.int64), "tail": (tail, torch.int64)}
 
 
 @dataclass

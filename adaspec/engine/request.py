@@ -110,6 +110,9 @@ class RequestOutput:
     new_logprobs: list | None = None
     # SamplingParams.prompt_logprobs: per prompt token, None for the first, else as above.
     prompt_logprobs: list | None = None
+    # What stopped it (finish_reason "stop"): the stop string, the stop_token_ids id, or None
+    # for EOS and a completed grammar (vLLM's `stop_reason`).
+    stop_reason: int | str | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -153,6 +156,8 @@ class Request:
         self.in_flight = 0              # planned steps whose results are not yet applied
         self.spec_ahead = 0             # extra tokens a launched, unread speculative step may emit
         self.grammar = None             # structured.grammar.RequestGrammar of a constrained output
+        self.bad_word_ids: list[tuple[int, ...]] = []   # SamplingParams.bad_words, tokenized
+        self.stop_reason: int | str | None = None       # the stop id or string that ended it
         # detokenizer state
         self.text = ""
         self.prefix_offset = 0

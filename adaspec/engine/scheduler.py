@@ -352,9 +352,10 @@ class Scheduler:
             if res.emitted:
                 if self.detokenizer is not None and not req.params.stop:
                     # A token that stopped the request (eos, a stop id, a complete grammar) is
-                    # not spelled, as `_stop_reason` never spelled it.
+                    # not spelled (unless include_stop_str_in_output), as in `_stop_reason`.
                     n = len(req.all_token_ids) - req.num_prompt_tokens   # (read back: none pending)
-                    self.detokenizer.update(req, check_stop=False, upto=n - 1 if reason == "stop" else n)
+                    spelled = reason != "stop" or req.params.include_stop_str_in_output
+                    self.detokenizer.update(req, check_stop=False, upto=n if spelled else n - 1)
                 changed.append(req)
             if req.is_finished or preempted:
                 continue
@@ -376,12 +377,14 @@ class Scheduler:
                              f"this model's vocabulary leaves no legal token)")
                 return "abort"
             if req.grammar.done:
-                return "stop"
+                return self._token_stop(req, None)
         n = len(req.all_token_ids)   # tokens read back (a later step may owe more)
         # Before min_tokens no stop applies (stop ids are masked on the device anyway).
         early = n - req.num_prompt_tokens <= p.min_tokens
-        if not early and ((tok in req.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids):
-            return "stop"
+        if not early and tok in req.eos_token_ids and not p.ignore_eos:
+            return self._token_stop(req, None)
+        if not early and tok in p.stop_token_ids:
+            return self._token_stop(req, tok)   # vLLM's stop_reason: the stop id (None for EOS)
         # Stop strings are looked for token by token (the text is cut at the first); without
         # any, the text is extended once per step (`postprocess`): the same text, fewer calls.
         if p.stop and self.detokenizer is not None and self.detokenizer.update(req, check_stop=not early):
@@ -389,6 +392,14 @@ class Scheduler:
         if n - req.num_prompt_tokens >= p.max_tokens or n >= self.max_model_len:
             return "length"
         return None
+
+    def _token_stop(self, req: Request, stop_id: int | None) -> str:
+        """A stop by the newest token: not spelled in the text unless the request includes it
+        (requests without stop strings are spelled once per step, in `postprocess`)."""
+        req.stop_reason = stop_id
+        if req.params.stop and req.params.include_stop_str_in_output and self.detokenizer is not None:
+            self.detokenizer.update(req, check_stop=False)
+        return "stop"
 
     def _finish(self, req: Request, reason: str) -> None:
         if req in self.running:

@@ -5,11 +5,13 @@
   * nesting deeper than MAX_JSON_DEPTH, arrays longer than the caller's `max_array_len`, and
     strings or keys holding a lone UTF-16 surrogate are refused before validation
     (`check_json_shape`, iterative so hostile input cannot overflow the stack);
-  * pydantic's errors become one message per field, without its union-member tags.
+  * pydantic's errors become one message per field, without its union-member tags;
+  * fields no model reads are ignored, each named once in a warning (`_log_unknown`).
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 
@@ -18,6 +20,8 @@ from pydantic import BaseModel, ValidationError
 from adaspec.server.protocol import (APIError, ChatCompletionRequest, ChatMessage, CompletionRequest, FunctionDef,
                                      NamedFunction, NamedToolChoice, StreamOptions, TextPart, Tool, ToolCall,
                                      ToolCallFunction)
+
+logger = logging.getLogger("adaspec.server")
 
 MAX_JSON_DEPTH = 32                      # request bodies are a few levels deep; thousands is an attack
 _SURROGATE = re.compile("[\ud800-\udfff]")  # a lone one: JSON lets "\ud800" through, UTF-8 cannot hold it
@@ -76,6 +80,7 @@ def parse_body(raw_body: bytes, model: type[BaseModel], max_array_len: int = 1 <
     if not isinstance(data, dict):
         raise APIError("the request body must be a JSON object")
     check_json_shape(data, max_array_len)
+    _log_unknown(data, model)
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -93,6 +98,18 @@ def parse_body(raw_body: bytes, model: type[BaseModel], max_array_len: int = 1 <
         if errors[0]["type"] == "missing":
             msgs = ["field required"]
         raise APIError(f"{path or 'body'}: {'; or '.join(msgs)}", param=path or None) from None
+
+
+_logged_unknown: set[str] = set()
+
+
+def _log_unknown(data: dict, model: type[BaseModel]) -> None:
+    """Fields a request body holds that adaspec does not read are ignored (clients send vendor
+    extras): a warning names each the first time it is seen, as vLLM logs them."""
+    new = sorted(k for k in data if k not in model.model_fields and k not in _logged_unknown)
+    if new and len(_logged_unknown) < 1024:
+        _logged_unknown.update(new)
+        logger.warning("request fields ignored (not read by adaspec; logged once each): %s", ", ".join(new))
 
 
 def _furthest_union_member(errors: list[dict]) -> dict | None:

@@ -13,7 +13,7 @@ Protocol (two one-way pipes, pickled tuples):
                      (stats None: no new snapshot; one at most every STATS_EVERY_S while busy,
                      always once the engine is idle)
 A delta is (id, new_token_ids, new_text, finished, finish_reason, error, num_cached_tokens,
-spec, queue_time, new_logprobs, prompt_logprobs): only what changed (prompt logprobs in the
+spec, queue_time, new_logprobs, prompt_logprobs, stop_reason): only what changed (prompt logprobs in the
 first and the last only), so a step's message stays small however long the outputs grow;
 this side accumulates the full token ids and text.
 
@@ -205,7 +205,7 @@ class EngineProcess:
             waiting = self._out.poll(0)
 
     def _apply(self, d) -> RequestOutput | None:
-        rid, new_ids, new_text, finished, reason, error, cached, spec, queued, new_lps, prompt_lps = d
+        rid, new_ids, new_text, finished, reason, error, cached, spec, queued, new_lps, prompt_lps, stop_reason = d
         live = self._live.get(rid)
         if live is None:          # aborted here meanwhile
             return None
@@ -227,7 +227,8 @@ class EngineProcess:
                              text=live.text, new_token_ids=new_ids, new_text=new_text, finished=finished,
                              finish_reason=reason, spec=spec, num_cached_tokens=cached, error=error,
                              queue_time=queued, new_logprobs=new_lps, prompt_logprobs=live.prompt_logprobs,
-                             logprobs=list(live.logprobs) if finished and live.logprobs is not None else live.logprobs)
+                             logprobs=list(live.logprobs) if finished and live.logprobs is not None else live.logprobs,
+                             stop_reason=stop_reason)
 
 
 def _ignore_sigint():
@@ -258,7 +259,7 @@ def _die_with_parent() -> None:
 
 def _delta(o: RequestOutput) -> tuple:
     return (o.request_id, o.new_token_ids, o.new_text, o.finished, o.finish_reason, o.error, o.num_cached_tokens,
-            o.spec, o.queue_time, o.new_logprobs, o.prompt_logprobs)
+            o.spec, o.queue_time, o.new_logprobs, o.prompt_logprobs, o.stop_reason)
 
 
 def _engine_main(cfg: EngineConfig, cmd, out) -> None:

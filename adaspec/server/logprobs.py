@@ -6,8 +6,13 @@ log-probabilities; see `adaspec.sampling`).
                            (with `echo`, the prompt's tokens first; the first has no logprob)
     /v1/chat/completions   {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}
 
-A token is shown as what it decodes to alone (vLLM's default); without a tokenizer as
-"token_id:<id>" (vLLM's `return_tokens_as_token_ids` spelling).
+A token is shown as what it decodes to alone (vLLM's default); as "token_id:<id>" without a
+tokenizer or when the request sets vLLM's `return_tokens_as_token_ids`.
+
+vLLM's `prompt_logprobs` field (`prompt_logprobs_json`): per prompt token, None for the first,
+else {"<token id>": {"logprob", "rank", "decoded_token"}} for the token and the k likeliest;
+`rank` is 1 for the likeliest, and null for a prompt token outside the k (adaspec does not
+rank the whole vocabulary).
 """
 from __future__ import annotations
 
@@ -18,8 +23,8 @@ FLOOR = -9999.0
 class TokenText:
     """Token id -> its text, cached (every alternative of every token is looked up)."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, as_ids: bool = False):
+        self.tokenizer = None if as_ids else tokenizer
         self.cache: dict[int, str] = {}
 
     def __call__(self, tid: int) -> str:
@@ -69,3 +74,26 @@ def chat_logprobs(text: TokenText, ids: list[int], entries: list) -> dict:
 
     return {"content": [{**item(tid, e[0]), "top_logprobs": [item(t, v) for t, v in e[1]]}
                         for tid, e in zip(ids, entries)]}
+
+
+def cut_alternatives(entries: list, k: int) -> list:
+    """Per-token entries with at most k alternatives each (None entries kept)."""
+    return [None if e is None else (e[0], e[1][:k]) for e in entries]
+
+
+def prompt_logprobs_json(text: TokenText, ids: list[int], entries: list | None, k: int) -> list | None:
+    """vLLM's `prompt_logprobs` list for prompt `ids` with their engine `entries`."""
+    if entries is None:
+        return None
+    out: list[dict | None] = []
+    for tid, e in zip(ids, entries):
+        if e is None:
+            out.append(None)
+            continue
+        top = e[1][:k]
+        ranks = {t: r for r, (t, _) in reversed(list(enumerate(top, 1)))}
+        d = {str(tid): {"logprob": _lp(e[0]), "rank": ranks.get(tid), "decoded_token": text(tid)}}
+        for r, (t, v) in enumerate(top, 1):
+            d.setdefault(str(t), {"logprob": _lp(v), "rank": r, "decoded_token": text(t)})
+        out.append(d)
+    return out

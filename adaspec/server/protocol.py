@@ -11,8 +11,14 @@ Contract:
   * Extras beyond OpenAI (vLLM spelling): top_k, min_p, repetition_penalty, min_tokens,
     ignore_eos, stop_token_ids, speculate (per-request opt-out of speculation),
     max_draft_tokens, return_token_ids, structured_outputs / guided_*, chat_template_kwargs,
-    add_generation_prompt, continue_final_message, stream_options.continuous_usage_stats.
-    The README's table says what each field does.
+    add_generation_prompt, continue_final_message, stream_options.continuous_usage_stats,
+    include_stop_str_in_output, skip_special_tokens, spaces_between_special_tokens,
+    truncate_prompt_tokens, allowed_token_ids, bad_words, prompt_logprobs,
+    return_tokens_as_token_ids, add_special_tokens, cache_salt, request_id, chat `echo`.
+    vLLM extras adaspec does not implement (use_beam_search, length_penalty, priority, a
+    per-request chat_template, documents) are a 400 unless at their neutral value; unknown
+    fields are logged once per name (server/body.py). The README's table says what each
+    field does.
 """
 from __future__ import annotations
 
@@ -85,6 +91,21 @@ class _SamplingFields(_Strict):
     speculate: StrictBool = True
     max_draft_tokens: Int64 | None = None
     return_token_ids: StrictBool = False
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    truncate_prompt_tokens: Int64 | None = None
+    allowed_token_ids: Annotated[list[Int64], Field(max_length=1 << 20)] | None = None
+    bad_words: Annotated[list[StrictStr], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    prompt_logprobs: Int64 | None = None
+    return_tokens_as_token_ids: StrictBool = False
+    add_special_tokens: StrictBool | None = None   # completions: true; chat: false (the template writes them)
+    cache_salt: StrictStr | None = None
+    request_id: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
+    # vLLM fields whose non-default values adaspec does not implement (a 400 names them)
+    use_beam_search: StrictBool = False
+    length_penalty: Number = 1.0
+    priority: Int64 = 0
     # Structured outputs (server/structured_request.py): OpenAI's response_format, vLLM's
     # structured_outputs and its older guided_* spelling.
     response_format: dict[str, Any] | None = None
@@ -95,6 +116,16 @@ class _SamplingFields(_Strict):
     guided_grammar: StrictStr | None = None
     guided_decoding_backend: StrictStr | None = None
     guided_whitespace_pattern: StrictStr | None = None
+
+    def unsupported_vllm(self) -> tuple[str, str] | None:
+        """(param, message) of a vLLM extra set to a value adaspec does not implement."""
+        if self.use_beam_search:
+            return "use_beam_search", "beam search is not supported"
+        if self.length_penalty != 1.0:
+            return "length_penalty", "length_penalty applies to beam search, which is not supported"
+        if self.priority != 0:
+            return "priority", "priority scheduling is not supported (the scheduler is first come, first served)"
+        return None
 
     def logit_bias_ids(self) -> dict[int, float] | None:
         """logit_bias with its keys as token ids (OpenAI sends them as strings); APIError if not."""
@@ -125,7 +156,7 @@ class CompletionRequest(_SamplingFields):
             return "best_of", "best_of must equal n (or be omitted)"
         if self.suffix:
             return "suffix", "suffix is not supported"
-        return None
+        return self.unsupported_vllm()
 
 
 class TextPart(_Strict):
@@ -198,6 +229,9 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
+    echo: StrictBool = False                 # vLLM: start the answer with the last message's content
+    chat_template: StrictStr | None = None   # vLLM: a per-request template (refused, see below)
+    documents: list[Any] | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -205,4 +239,9 @@ class ChatCompletionRequest(_SamplingFields):
         if self.functions or self.function_call is not None:
             field = "functions" if self.functions else "function_call"
             return field, f"{field} (deprecated by OpenAI) is not supported; use tools and tool_choice"
-        return None
+        if self.chat_template is not None:
+            return "chat_template", ("a chat template per request is not accepted (it runs code of the client's "
+                                     "choosing in the server); start the server with --chat-template instead")
+        if self.documents:
+            return "documents", "documents (RAG inputs to the chat template) are not supported"
+        return self.unsupported_vllm()

@@ -5,6 +5,7 @@ values), every failure an APIError naming the field.
 """
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 from adaspec.sampling import SamplingParams
@@ -13,7 +14,9 @@ from adaspec.server.protocol import APIError, ChatCompletionRequest
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                    "stop_token_ids", "max_draft_tokens", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty", "logit_bias", "min_tokens", "logprobs", "prompt_logprobs", "n")
+                   "repetition_penalty", "logit_bias", "min_tokens", "logprobs", "prompt_logprobs", "n",
+                   "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+                   "allowed_token_ids", "bad_words", "cache_salt")
 
 
 @dataclass
@@ -40,6 +43,12 @@ def prepare_choices(aengine, req, prompt_ids: list[int], default_max_tokens: int
     limit = aengine.max_model_len
     if not prompt_ids:
         raise APIError("the prompt is empty", param=param)
+    k = req.truncate_prompt_tokens
+    if k is not None:   # left truncation (the engine keeps the ids it is given)
+        if k < 1 and k != -1:
+            raise APIError(f"truncate_prompt_tokens must be -1 (the context's limit) or an integer >= 1, got {k}",
+                           param="truncate_prompt_tokens")
+        prompt_ids = prompt_ids[-(limit - 1 if k == -1 else k):]
     if len(prompt_ids) >= limit:
         raise APIError(f"the prompt has {len(prompt_ids)} tokens, but the context limit is {limit} "
                        f"tokens and at least one must be left for the completion", param=param,
@@ -54,7 +63,9 @@ def prepare_choices(aengine, req, prompt_ids: list[int], default_max_tokens: int
     defaults = {**BUILTIN_SAMPLING_DEFAULTS, **aengine.sampling_defaults}
     chat = isinstance(req, ChatCompletionRequest)
     logprobs = ((req.top_logprobs or 0) if req.logprobs else None) if chat else req.logprobs
-    prompt_logprobs = None if chat or not req.echo else req.logprobs   # echo repeats the prompt's too
+    # Asked for (vLLM's prompt_logprobs), and echo repeats the prompt's with its logprobs too.
+    asked = [v for v in (req.prompt_logprobs, None if chat or not req.echo else req.logprobs) if v is not None]
+    prompt_logprobs = max(asked) if asked else None
     try:
         params = SamplingParams(
             max_tokens=max_tokens,
@@ -68,14 +79,18 @@ def prepare_choices(aengine, req, prompt_ids: list[int], default_max_tokens: int
                for f, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
                                   ("repetition_penalty", 1.0))},
             logit_bias=req.logit_bias_ids(), min_tokens=req.min_tokens or 0,
-            logprobs=logprobs, prompt_logprobs=prompt_logprobs, n=req.n, structured=structured)
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs, n=req.n, structured=structured,
+            include_stop_str_in_output=req.include_stop_str_in_output, skip_special_tokens=req.skip_special_tokens,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
+            allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words, cache_salt=req.cache_salt)
     except ValueError as e:
         param = param_of(e)
         if chat and param == "logprobs":
             param = "top_logprobs"
         raise APIError(str(e), param=max_param if param == "max_tokens" else param) from None
     vocab = getattr(aengine, "vocab_size", None)
-    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or {})):
+    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or {}),
+                      ("allowed_token_ids", params.allowed_token_ids or ())):
         beyond = [t for t in ids if vocab is not None and t >= vocab]
         if beyond:
             raise APIError(f"{name}: token id {beyond[0]} is out of range [0, {vocab})", param=name)
@@ -84,3 +99,12 @@ def prepare_choices(aengine, req, prompt_ids: list[int], default_max_tokens: int
                        f"prompt tokens + {max_param}={max_tokens} exceed it", param=max_param,
                        code="context_length_exceeded")
     return [Prepared(prompt_ids, c) for c in params.choices()]
+
+
+def request_ids(prefix: str, req, headers) -> tuple[str, str]:
+    """(the response's id, the engine's id for the request). vLLM's order: the X-Request-Id
+    header, the body's `request_id`, a random one. A client's id need not be unique on this
+    server, so the engine's gets a random suffix."""
+    given = headers.get("x-request-id") or req.request_id
+    rid = f"{prefix}-{given or uuid.uuid4().hex}"
+    return rid, rid if given is None else f"{rid}-{uuid.uuid4().hex[:12]}"

@@ -23,7 +23,6 @@ import concurrent.futures
 import copy
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -41,11 +40,12 @@ from adaspec.server.structured_request import GrammarCheck, structured_of, tool_
 from adaspec.server.tool_parsers import get_tool_parser
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
-from adaspec.server.logprobs import TokenText, chat_logprobs, completion_logprobs
+from adaspec.server.logprobs import TokenText, chat_logprobs, completion_logprobs, cut_alternatives, \
+    prompt_logprobs_json
 from adaspec.server.streaming import stream_response
 from adaspec.server.chat_prompt import encode_chat_untrusted
 from adaspec.server.info import server_info
-from adaspec.server.request_params import Prepared, param_of, prepare_choices
+from adaspec.server.request_params import Prepared, param_of, prepare_choices, request_ids
 from adaspec.tokenization import encode_text, has_chat_template
 
 logger = logging.getLogger("adaspec.server")
@@ -137,15 +137,19 @@ class OpenAIServing:
         if req.model is not None and req.model not in self.model_names:
             raise APIError(f"The model `{req.model}` does not exist.", status=404, param="model",
                            code="model_not_found")
+        if req.stream and req.prompt_logprobs is not None:   # (as vLLM)
+            raise APIError("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
         if not 1 <= req.n <= MAX_N:
             raise APIError(f"n must be in [1, {MAX_N}], got {req.n}", param="n")
         bad = req.unsupported()
         if bad is not None:
             raise APIError(bad[1], param=bad[0])
 
-    def _encode(self, text: str, param: str) -> list[int]:
+    def _encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
         if self.tokenizer is None:
             raise APIError("this model has no tokenizer: send the prompt as token ids", param=param)
+        if not add_special_tokens:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
         return encode_text(self.tokenizer, text)
 
     def prepare_completion(self, req: CompletionRequest) -> list[Prepared]:
@@ -172,7 +176,7 @@ class OpenAIServing:
                 if not item:
                     raise APIError("the prompt is empty", param="prompt")
                 self._check_prompt_chars(len(item), "prompt")
-                ids = self._encode(item, "prompt")
+                ids = self._encode(item, "prompt", req.add_special_tokens is not False)
             else:
                 ids = list(item)
             choices = prepare_choices(self.aengine, req, ids, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt", structured)
@@ -187,6 +191,9 @@ class OpenAIServing:
         self._check_common(req)
         if not has_chat_template(self.tokenizer):
             raise APIError("this model has no chat template; use /v1/completions", param="messages")
+        if req.add_special_tokens:
+            raise APIError("add_special_tokens=true is not supported for chat: the chat template writes the "
+                           "special tokens", param="add_special_tokens")
         mode, name = tool_mode(req)
         structured, field = structured_of(req)
         forced = tool_grammar(req, mode, name)
@@ -327,26 +334,31 @@ class OpenAIServing:
     async def completions(self, body: bytes, raw: Request) -> Response:
         req, prepared = await self.off_loop(self._parse_and_prepare, body, CompletionRequest,
                                             self.prepare_completion)
-        rid = f"cmpl-{uuid.uuid4().hex}"
+        rid, internal = request_ids("cmpl", req, raw.headers)
         created = int(time.time())
         model = req.model or self.settings.served_model_name
-        streams = await self.submit(rid, prepared)
+        streams = await self.submit(internal, prepared)
         base = {"id": rid, "object": "text_completion", "created": created, "model": model}
-        text_of = TokenText(self.tokenizer)
+        text_of = TokenText(self.tokenizer, req.return_tokens_as_token_ids)
         offsets = [0] * len(prepared)     # text offset of each choice's next token
-        echoed = [not req.echo] * len(prepared)
+        started = [False] * len(prepared)
 
         def choice(i: int, text: str, out: RequestOutput, finish: str | None, new_ids: list[int], lps) -> dict:
-            prompt = None
-            if not echoed[i]:   # the prompt (and its logprobs) once, before the choice's first text
-                echoed[i] = True
-                text = (prepared[i].prompt_text or "") + text
-                if out.prompt_logprobs is not None:
-                    prompt = (out.prompt_token_ids, out.prompt_logprobs)
+            prompt = first = None
+            if not started[i]:   # the echoed prompt (and its logprobs) once, before the choice's first text
+                started[i] = first = True
+                if req.echo:
+                    text = (prepared[i].prompt_text or "") + text
+                    if out.prompt_logprobs is not None and req.logprobs is not None:
+                        prompt = (out.prompt_token_ids, cut_alternatives(out.prompt_logprobs, req.logprobs))
             logprobs = None
             if req.logprobs is not None:
                 logprobs, offsets[i] = completion_logprobs(text_of, new_ids, lps or [], offsets[i], prompt)
-            c = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            c = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish,
+                 "stop_reason": out.stop_reason if finish is not None else None}
+            if first and req.prompt_logprobs is not None:
+                c["prompt_logprobs"] = prompt_logprobs_json(text_of, out.prompt_token_ids, out.prompt_logprobs,
+                                                            req.prompt_logprobs)
             if req.return_token_ids:
                 c["token_ids"] = new_ids
                 if finish is not None or not req.stream:
@@ -370,11 +382,14 @@ class OpenAIServing:
     async def chat(self, body: bytes, raw: Request) -> Response:
         req, prepared = await self.off_loop(self._parse_and_prepare, body, ChatCompletionRequest,
                                             self.prepare_chat)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        rid, internal = request_ids("chatcmpl", req, raw.headers)
         created = int(time.time())
         model = req.model or self.settings.served_model_name
-        streams = await self.submit(rid, prepared)
-        text_of = TokenText(self.tokenizer)
+        streams = await self.submit(internal, prepared)
+        text_of = TokenText(self.tokenizer, req.return_tokens_as_token_ids)
+        # vLLM's echo: the answer starts with the last message's content when that is the assistant's.
+        last = req.messages[-1]
+        echo = last.text() if req.echo and last.role == "assistant" else ""
 
         def logprobs(ids: list[int], lps) -> dict | None:
             return chat_logprobs(text_of, ids, lps or []) if req.logprobs else None
@@ -386,7 +401,7 @@ class OpenAIServing:
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
 
             def first(i: int) -> dict:
-                return {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                return {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": echo},
                                              "logprobs": None, "finish_reason": None}]}
 
             def chunk(i: int, out: RequestOutput) -> dict | list[dict]:
@@ -395,7 +410,7 @@ class OpenAIServing:
                     return tools[i].chunks(base, i, out, finish)
                 delta = {"content": out.new_text} if out.new_text else {}
                 c = {"index": i, "delta": delta, "logprobs": logprobs(out.new_token_ids, out.new_logprobs),
-                     "finish_reason": finish}
+                     "finish_reason": finish, "stop_reason": out.stop_reason if finish is not None else None}
                 if req.return_token_ids:
                     c["token_ids"] = out.new_token_ids
                 return {**base, "choices": [c]}
@@ -406,18 +421,22 @@ class OpenAIServing:
             return Response(status_code=499)
         choices = []
         for i, o in enumerate(finals):
-            message, finish = {"role": "assistant", "content": o.text or ""}, o.finish_reason
+            message, finish = {"role": "assistant", "content": echo + (o.text or "")}, o.finish_reason
             if tools[i].active:
                 message, called = tools[i].message(o)
                 finish = "tool_calls" if called and finish == "stop" else finish
             c = {"index": i, "message": message, "logprobs": logprobs(o.token_ids, o.logprobs),
-                 "finish_reason": finish}
+                 "finish_reason": finish, "stop_reason": o.stop_reason}
             if req.return_token_ids:
                 c["token_ids"] = o.token_ids
                 c["prompt_token_ids"] = o.prompt_token_ids
             choices.append(c)
-        return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
-                             "choices": choices, "usage": self.usage(finals, req.n)})
+        body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
+                "choices": choices, "usage": self.usage(finals, req.n)}
+        if req.prompt_logprobs is not None:   # (vLLM: one list for the prompt all choices share)
+            body["prompt_logprobs"] = prompt_logprobs_json(text_of, finals[0].prompt_token_ids,
+                                                           finals[0].prompt_logprobs, req.prompt_logprobs)
+        return JSONResponse(body)
 
     def server_info(self) -> dict:
         """/server_info (`server/info.py`)."""

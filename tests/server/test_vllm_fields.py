@@ -1,0 +1,164 @@
+"""vLLM's request fields over HTTP, on the session's speculative server (speculation always):
+stop_reason and include_stop_str_in_output, prompt_logprobs (equal to transformers'),
+return_tokens_as_token_ids, truncate_prompt_tokens, bad_words, allowed_token_ids,
+skip_special_tokens, add_special_tokens, request_id, chat echo, cache_salt; the vLLM fields
+adaspec does not implement are 400s naming them, and unknown fields are logged once."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from server_helpers import MODEL_NAME
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def url(spec_server):
+    return spec_server.url
+
+
+@pytest.fixture(scope="module")
+def tokenizer(spec_server):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(spec_server.proc.args[spec_server.proc.args.index("--model") + 1])
+
+
+def _post(url: str, body: dict, path: str = "/v1/completions") -> dict:
+    r = httpx.post(url + path, json={"model": MODEL_NAME, **body}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _greedy(**kw) -> dict:
+    return {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True, **kw}
+
+
+def test_stop_reason_and_include_stop_str(url, tokenizer):
+    full = _post(url, _greedy(return_token_ids=True))["choices"][0]
+    assert full["finish_reason"] == "length" and full["stop_reason"] is None
+    ids = full["token_ids"]
+    stop = tokenizer.decode(ids[3:5])
+    assert stop and stop in full["text"]
+    at = full["text"].index(stop)
+    for include in (False, True):
+        c = _post(url, _greedy(stop=[stop], include_stop_str_in_output=include))["choices"][0]
+        assert c["finish_reason"] == "stop" and c["stop_reason"] == stop
+        assert c["text"] == full["text"][:at + (len(stop) if include else 0)]
+        events = httpx.post(url + "/v1/completions", json={"model": MODEL_NAME, **_greedy(stop=[stop], stream=True,
+                            include_stop_str_in_output=include)}, timeout=120).text
+        chunks = [line[6:] for line in events.splitlines() if line.startswith("data: {")]
+        import json
+        texts = [json.loads(x)["choices"][0] for x in chunks]
+        assert "".join(t["text"] for t in texts) == c["text"] and texts[-1]["stop_reason"] == stop
+    c = _post(url, _greedy(stop_token_ids=[ids[4]]))["choices"][0]
+    assert c["finish_reason"] == "stop" and c["stop_reason"] == ids[4]
+
+
+def test_prompt_logprobs_equal_transformers(url, tokenizer, spec_server):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    body = _post(url, _greedy(max_tokens=2, prompt_logprobs=3, return_token_ids=True))
+    c = body["choices"][0]
+    prompt = c["prompt_token_ids"]
+    plp = c["prompt_logprobs"]
+    assert len(plp) == len(prompt) and plp[0] is None
+    model_dir = spec_server.proc.args[spec_server.proc.args.index("--model") + 1]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0], -1)
+    for j in range(1, len(prompt)):
+        entry = plp[j]
+        assert entry[str(prompt[j])]["logprob"] == pytest.approx(float(ref[j - 1, prompt[j]]), abs=1e-3)
+        ranked = sorted((v["rank"], int(t)) for t, v in entry.items() if v["rank"] is not None)
+        assert [r for r, _ in ranked] == [1, 2, 3]
+        assert [t for _, t in ranked] == ref[j - 1].topk(3).indices.tolist()
+        assert all(v["decoded_token"] == tokenizer.decode([int(t)]) for t, v in entry.items())
+    chat = _post(url, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "prompt_logprobs": 1},
+                 "/v1/chat/completions")
+    assert chat["prompt_logprobs"][0] is None and len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
+    r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "stream": True, "prompt_logprobs": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_tokens_as_ids_truncation_and_special_tokens(url, tokenizer):
+    c = _post(url, _greedy(max_tokens=3, logprobs=1, return_tokens_as_token_ids=True, return_token_ids=True))
+    ch = c["choices"][0]
+    assert ch["logprobs"]["tokens"] == [f"token_id:{t}" for t in ch["token_ids"]]
+    long_prompt = " ".join(["fox"] * 600)
+    ids = tokenizer.encode(long_prompt)
+    assert len(ids) > 512
+    cut = _post(url, {"prompt": long_prompt, "max_tokens": 4, "temperature": 0, "truncate_prompt_tokens": 50,
+                      "return_token_ids": True})["choices"][0]
+    assert cut["prompt_token_ids"] == ids[-50:]
+    assert cut["token_ids"] == _post(url, {"prompt": ids[-50:], "max_tokens": 4, "temperature": 0,
+                                           "return_token_ids": True})["choices"][0]["token_ids"]
+    eos = tokenizer.eos_token_id
+    kept = _post(url, _greedy(max_tokens=3, logit_bias={str(eos): 100}, skip_special_tokens=False))["choices"][0]
+    assert kept["text"] == tokenizer.eos_token * 3
+    assert _post(url, _greedy(max_tokens=3, logit_bias={str(eos): 100}))["choices"][0]["text"] == ""
+    with_bos = _post(url, _greedy(max_tokens=1))["usage"]["prompt_tokens"]
+    without = _post(url, _greedy(max_tokens=1, add_special_tokens=False))["usage"]["prompt_tokens"]
+    assert with_bos - without == len(tokenizer.encode(PROMPT)) - len(tokenizer.encode(PROMPT, add_special_tokens=False))
+
+
+def test_bad_words_and_allowed_token_ids(url, tokenizer):
+    full = _post(url, _greedy(return_token_ids=True))["choices"][0]
+    word = tokenizer.decode(full["token_ids"][2:4]).strip()
+    banned = _post(url, _greedy(bad_words=[word], return_token_ids=True))["choices"][0]
+    from adaspec.tokenization import bad_word_ids
+    for seq in bad_word_ids(tokenizer, [word]):
+        ids = banned["token_ids"]
+        assert not any(tuple(ids[i:i + len(seq)]) == seq for i in range(len(ids)))
+    assert banned["token_ids"] != full["token_ids"]
+    allowed = sorted(set(full["token_ids"][1:]))[:3] + [5, 6]
+    only = _post(url, _greedy(allowed_token_ids=allowed, return_token_ids=True))["choices"][0]
+    assert set(only["token_ids"]) <= set(allowed)
+
+
+def test_request_id_chat_echo_and_cache_salt(url):
+    a = _post(url, _greedy(max_tokens=1, request_id="my-id-1"))
+    b = _post(url, _greedy(max_tokens=1, request_id="my-id-1"))   # reused: still served
+    assert a["id"] == b["id"] == "cmpl-my-id-1"
+    r = httpx.post(url + "/v1/completions", json=_greedy(max_tokens=1), headers={"X-Request-Id": "hdr"}, timeout=60)
+    assert r.json()["id"] == "cmpl-hdr"
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, "}]
+    body = {"messages": msgs, "max_tokens": 4, "temperature": 0, "continue_final_message": True,
+            "add_generation_prompt": False, "ignore_eos": True}
+    plain = _post(url, body, "/v1/chat/completions")["choices"][0]["message"]["content"]
+    echoed = _post(url, {**body, "echo": True}, "/v1/chat/completions")["choices"][0]["message"]["content"]
+    assert echoed == "Sure, " + plain
+    def hits() -> int:
+        return httpx.get(url + "/server_info").json()["stats"]["prefix_cache_hit_tokens"]
+
+    long = {"prompt": "salted fox " * 40, "max_tokens": 1, "temperature": 0}
+    _post(url, {**long, "cache_salt": "tenant-a"})
+    before = hits()
+    _post(url, {**long, "cache_salt": "tenant-b"})      # another tenant: no hit
+    assert hits() == before
+    _post(url, {**long, "cache_salt": "tenant-a"})      # the same tenant: a hit
+    assert hits() > before
+
+
+@pytest.mark.parametrize("field,value", [("use_beam_search", True), ("length_penalty", 0.5), ("priority", 3),
+                                         ("bad_words", [""]), ("allowed_token_ids", [10 ** 7]),
+                                         ("truncate_prompt_tokens", 0), ("prompt_logprobs", 99)])
+def test_unimplemented_or_bad_vllm_fields_are_400(url, field, value):
+    r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, field: value}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_chat_only_refusals(url):
+    for field, value in (("chat_template", "{{ x }}"), ("add_special_tokens", True), ("documents", [{"a": 1}])):
+        r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                           "max_tokens": 2, field: value}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_openai_sdk_reads_stop_reason(url):
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    c = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=4, temperature=0,
+                                  extra_body={"stop_token_ids": [0, 1, 2]})
+    assert "stop_reason" in c.choices[0].model_extra
