@@ -28,6 +28,8 @@ import time
 from adaspec.engine import gc_heap
 from adaspec.config import EngineConfig, add_engine_cli_args, engine_kwargs_from_cli
 from adaspec.tokenization import TOKENIZER_FILES
+from adaspec.server.serve_checks import check_paths, check_serve_values
+from adaspec.server.vllm_flags import add_vllm_serve_flags, vllm_settings
 
 logger = logging.getLogger("adaspec.server")
 
@@ -35,28 +37,6 @@ logger = logging.getLogger("adaspec.server")
 def _setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-
-
-def check_paths(args: argparse.Namespace) -> str | None:
-    """What is wrong with --model / --draft / --tokenizer, before anything heavy is imported or
-    loaded, or None. Models load from local directories only."""
-    def hint(path: str) -> str:
-        if "/" in path.strip("/") and not os.path.isabs(path) and not path.startswith("."):
-            return (f"; adaspec loads models from local directories only (no hub download): fetch it "
-                    f"first, e.g. `hf download {path} --local-dir DIR` (older huggingface_hub: "
-                    f"`huggingface-cli download {path} --local-dir DIR`), then pass DIR")
-        return ""
-
-    for flag, path, must_hold in (("--model", args.model, ("config.json",)),
-                                  ("--draft", args.draft, ("config.json",)),
-                                  ("--tokenizer", args.tokenizer, TOKENIZER_FILES)):
-        if path is None:
-            continue
-        if not os.path.isdir(path):
-            return f"{flag} {path}: not a directory{hint(path)}"
-        if not any(os.path.exists(os.path.join(path, f)) for f in must_hold):
-            return f"{flag} {path}: holds none of {', '.join(must_hold)}"
-    return None
 
 
 def _speculation_text(spec) -> str:
@@ -128,6 +108,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-in-thread", action="store_true",
                    help="run the engine in a thread of the server process instead of its own process "
                         "(simpler to debug; the HTTP work then competes with the engine for one GIL)")
+    add_vllm_serve_flags(p)
     return p
 
 
@@ -170,14 +151,9 @@ def serve_main(argv: list[str]) -> int:
             logger.error("the model is given twice: %s (positional) and --model %s", args.model_tag, args.model)
             return 2
         args.model = args.model_tag
-    for name, value in (("--max-queue-len", args.max_queue_len), ("--max-request-bytes", args.max_request_bytes),
-                        ("--client-timeout", args.client_timeout), ("--stall-timeout", args.stall_timeout),
-                        ("--log-stats-interval", args.log_stats_interval)):
-        if value <= 0:
-            logger.error("%s must be > 0, got %s", name, value)
-            return 2
-    if args.max_prompts_per_request < 1:
-        logger.error("--max-prompts-per-request must be >= 1, got %d", args.max_prompts_per_request)
+    problem = check_serve_values(args)
+    if problem:
+        logger.error("%s", problem)
         return 2
     try:
         from adaspec.demo import apply_demo_defaults
@@ -276,7 +252,7 @@ def _build_server(args: argparse.Namespace, engine, sock: socket.socket):
                               log_stats_interval_s=0.0 if args.disable_log_stats else args.log_stats_interval,
                               tool_call_parser=args.tool_call_parser,
                               allowed_hosts=_comma_list(args.allowed_hosts),
-                              allowed_origins=_comma_list(args.allowed_origins))
+                              allowed_origins=_comma_list(args.allowed_origins), **vllm_settings(args))
     app = create_app(engine, settings)
     aengine = app.state.aengine
     cfg = engine.config

@@ -98,7 +98,7 @@ class _SamplingFields(_Strict):
     allowed_token_ids: Annotated[list[Int64], Field(max_length=1 << 20)] | None = None
     bad_words: Annotated[list[StrictStr], Field(max_length=MAX_STOP_STRINGS)] | None = None
     prompt_logprobs: Int64 | None = None
-    return_tokens_as_token_ids: StrictBool = False
+    return_tokens_as_token_ids: StrictBool | None = None   # None: the server's --return-tokens-as-token-ids
     add_special_tokens: StrictBool | None = None   # completions: true; chat: false (the template writes them)
     cache_salt: StrictStr | None = None
     request_id: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None

@@ -70,6 +70,10 @@ class ServerSettings:
     allowed_origins: tuple[str, ...] = ()    # CORS origins (empty: no CORS); see routes_extra.py
     log_stats_interval_s: float = 0.0        # the periodic stats line (server/stats_log.py); 0: off
     tool_call_parser: str | None = None      # server/tool_parsers.py name; None: the model family's
+    # vLLM's flags (server/vllm_flags.py)
+    prompt_tokens_details: bool = False      # usage.prompt_tokens_details.cached_tokens
+    tokens_as_ids: bool = False              # default of a request's return_tokens_as_token_ids
+    response_role: str = "assistant"         # role of chat answers
 
 
 async def _wait_for_disconnect(raw: Request) -> None:
@@ -320,12 +324,18 @@ class OpenAIServing:
         return finals  # type: ignore[return-value]
 
     # ----- response bodies ------------------------------------------------------------------------
-    @staticmethod
-    def usage(finals: list[RequestOutput], n: int = 1) -> dict:
+    def usage(self, finals: list[RequestOutput], n: int = 1) -> dict:
         """Token counts; a prompt's tokens count once however many choices it has."""
         p = sum(len(o.prompt_token_ids) for o in finals[::n])
         c = sum(len(o.token_ids) for o in finals)
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        out = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        if self.settings.prompt_tokens_details:
+            out["prompt_tokens_details"] = {"cached_tokens": sum(o.num_cached_tokens for o in finals[::n])}
+        return out
+
+    def _as_ids(self, req) -> bool:
+        given = req.return_tokens_as_token_ids
+        return self.settings.tokens_as_ids if given is None else given
 
     def _parse_and_prepare(self, body: bytes, model: type[BaseModel], prepare):
         req = parse_body(body, model, self.max_array_len)
@@ -339,7 +349,7 @@ class OpenAIServing:
         model = req.model or self.settings.served_model_name
         streams = await self.submit(internal, prepared)
         base = {"id": rid, "object": "text_completion", "created": created, "model": model}
-        text_of = TokenText(self.tokenizer, req.return_tokens_as_token_ids)
+        text_of = TokenText(self.tokenizer, self._as_ids(req))
         offsets = [0] * len(prepared)     # text offset of each choice's next token
         started = [False] * len(prepared)
 
@@ -386,10 +396,10 @@ class OpenAIServing:
         created = int(time.time())
         model = req.model or self.settings.served_model_name
         streams = await self.submit(internal, prepared)
-        text_of = TokenText(self.tokenizer, req.return_tokens_as_token_ids)
+        text_of = TokenText(self.tokenizer, self._as_ids(req))
         # vLLM's echo: the answer starts with the last message's content when that is the assistant's.
         last = req.messages[-1]
-        echo = last.text() if req.echo and last.role == "assistant" else ""
+        echo = last.text() if req.echo and last.role == self.settings.response_role else ""
 
         def logprobs(ids: list[int], lps) -> dict | None:
             return chat_logprobs(text_of, ids, lps or []) if req.logprobs else None
@@ -401,7 +411,7 @@ class OpenAIServing:
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
 
             def first(i: int) -> dict:
-                return {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": echo},
+                return {**base, "choices": [{"index": i, "delta": {"role": self.settings.response_role, "content": echo},
                                              "logprobs": None, "finish_reason": None}]}
 
             def chunk(i: int, out: RequestOutput) -> dict | list[dict]:
@@ -421,7 +431,7 @@ class OpenAIServing:
             return Response(status_code=499)
         choices = []
         for i, o in enumerate(finals):
-            message, finish = {"role": "assistant", "content": echo + (o.text or "")}, o.finish_reason
+            message, finish = {"role": self.settings.response_role, "content": echo + (o.text or "")}, o.finish_reason
             if tools[i].active:
                 message, called = tools[i].message(o)
                 finish = "tool_calls" if called and finish == "stop" else finish

@@ -162,3 +162,41 @@ def test_openai_sdk_reads_stop_reason(url):
     c = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=4, temperature=0,
                                   extra_body={"stop_token_ids": [0, 1, 2]})
     assert "stop_reason" in c.choices[0].model_extra
+
+
+def test_vllm_serve_flags(tok_model_dir):
+    """A vLLM command line's flags: accepted (their behaviour is adaspec's already), acted on
+    (prompt token details, token ids as logprob tokens, the answer's role), or refused by name."""
+    from server_helpers import ServerProcess
+
+    srv = ServerProcess(["--model", tok_model_dir, "--num-kv-blocks", "128", "--max-model-len", "256",
+                         "--trust-remote-code", "--enable-auto-tool-choice", "--enable-chunked-prefill",
+                         "--disable-log-requests", "--kv-cache-dtype", "auto", "--pipeline-parallel-size", "1",
+                         "--enable-prompt-tokens-details", "--return-tokens-as-token-ids", "--response-role", "bot"])
+    try:
+        body = {"prompt": "salted fox " * 12, "max_tokens": 2, "temperature": 0, "logprobs": 0}
+        first = _post(srv.url, body)
+        again = _post(srv.url, body)
+        assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        assert all(t.startswith("token_id:") for t in again["choices"][0]["logprobs"]["tokens"])
+        words = _post(srv.url, {**body, "return_tokens_as_token_ids": False})["choices"][0]["logprobs"]["tokens"]
+        assert not any(t.startswith("token_id:") for t in words)
+        chat = _post(srv.url, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, "/v1/chat/completions")
+        assert chat["choices"][0]["message"]["role"] == "bot"
+    finally:
+        code, out = srv.stop()
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("flags,says", [(["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8"),
+                                        (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size 2"),
+                                        (["--no-enable-chunked-prefill"], "--no-enable-chunked-prefill")])
+def test_unsupported_vllm_flag_values_exit_2(flags, says):
+    import subprocess
+    import sys
+
+    from server_helpers import REPO
+    out = subprocess.run([sys.executable, "-m", "adaspec.cli", "serve", "--model", "/nonexistent", *flags],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and says in out.stderr
