@@ -5,6 +5,7 @@ from adaspec.config import SchedulerConfig
 from adaspec.engine.engine import Engine
 from adaspec.engine.request import RequestOutput
 from adaspec.sampling import SamplingParams
+from adaspec.tokenization import encode_chat
 
 
 class LLM:
@@ -37,6 +38,31 @@ class LLM:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    def get_tokenizer(self):
+        """The model's tokenizer (vLLM's spelling; None for a model directory without one)."""
+        return self.engine.tokenizer
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
+             chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list[dict] | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
+        """`generate` over chat conversations (vLLM's `LLM.chat`): each conversation, a list of
+        {"role", "content"} messages (or one conversation), rendered by the tokenizer's chat
+        template; `tools` and the keywords go to the template. ValueError without a template."""
+        if isinstance(messages, list) and messages and isinstance(messages[0], dict):
+            messages = [messages]
+        if not isinstance(messages, list) or not messages or not all(isinstance(c, list) and c for c in messages):
+            raise ValueError("messages must be a non-empty list of messages, or a list of such conversations")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message continues the last message: set add_generation_prompt=False")
+        kw = {**(chat_template_kwargs or {}), "add_generation_prompt": add_generation_prompt,
+              "continue_final_message": continue_final_message}
+        if tools is not None:
+            kw["tools"] = tools
+        prompts = [encode_chat(self.engine.tokenizer, conv, kw) for conv in messages]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def default_sampling_params(self, **overrides) -> SamplingParams:
         return self.engine.default_sampling_params(**overrides)

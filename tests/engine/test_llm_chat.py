@@ -1,0 +1,27 @@
+"""`LLM.chat` (vLLM's offline chat): conversations rendered by the chat template, then generate."""
+from __future__ import annotations
+
+import pytest
+
+from adaspec import LLM, SamplingParams
+from adaspec.tokenization import encode_chat
+
+
+def test_llm_chat_equals_generate_on_the_template(tok_model_dir, tok_head_dir):
+    llm = LLM(tok_model_dir, draft=tok_head_dir, speculation="always", device="cpu", dtype="float32")
+    assert llm.get_tokenizer() is llm.tokenizer
+    one = [{"role": "user", "content": "hi"}]
+    two = one + [{"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]
+    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    outs = llm.chat([one, two], sp)
+    want = llm.generate([encode_chat(llm.tokenizer, c) for c in (one, two)], sp)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert outs[0].prompt_token_ids == encode_chat(llm.tokenizer, one)
+    assert llm.chat(one, sp)[0].token_ids == outs[0].token_ids           # one conversation
+    cont = llm.chat(two[:2], sp, add_generation_prompt=False, continue_final_message=True)[0]
+    assert cont.prompt_token_ids == encode_chat(llm.tokenizer, two[:2], {"add_generation_prompt": False,
+                                                                         "continue_final_message": True})
+    with pytest.raises(ValueError, match="non-empty list"):
+        llm.chat([], sp)
+    with pytest.raises(ValueError, match="add_generation_prompt=False"):
+        llm.chat(one, sp, continue_final_message=True)
