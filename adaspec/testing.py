@@ -21,6 +21,11 @@ ARCH_CONFIGS = {
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {}),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {}),
     "mistral": ("MistralForCausalLM", "MistralConfig", {"sliding_window": None}),
+    # Variants real checkpoints use: biases on every Llama projection (attention_bias also puts
+    # one on o_proj; mlp_bias on gate/up/down), and YaRN long-context rope on Qwen3.
+    "llama_bias": ("LlamaForCausalLM", "LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
+    "qwen3_yarn": ("Qwen3ForCausalLM", "Qwen3Config", {
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
 }
 
 # Plain turns render as <|role|>content</s>. Tool-capable (Hermes style): the tool definitions

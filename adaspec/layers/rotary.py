@@ -47,7 +47,7 @@ def _yarn(inv_freq: torch.Tensor, params: dict, max_pos: int) -> tuple[torch.Ten
     high = min(math.ceil(corr_dim(beta_slow)), dim - 1)
     if low == high:
         high += 0.001
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
     extrapolation = 1 - ramp
     inv = inv_freq / factor * (1 - extrapolation) + inv_freq * extrapolation
     return inv, float(mscale)
@@ -84,7 +84,7 @@ class RotaryEmbedding(torch.nn.Module):
     def cos_sin_cache(self, max_positions: int, device: torch.device) -> torch.Tensor:
         """[max_positions, rot_dim] float32: cos(freqs) | sin(freqs), attention scaling applied
         (the layout `fused_ops.rotary_qkv_store` reads by position)."""
-        pos = torch.arange(max_positions, dtype=torch.float32)
+        pos = torch.arange(max_positions, dtype=torch.float32, device="cpu")
         freqs = pos.unsqueeze(-1) * self.inv_freq.unsqueeze(0)
         return (torch.cat([freqs.cos(), freqs.sin()], dim=-1) * self.attention_scaling).to(device)
 

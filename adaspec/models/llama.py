@@ -1,5 +1,5 @@
-"""Llama-family decoder (Llama incl. Llama-3 rope scaling, Qwen2 qkv bias, Qwen3 q/k norm,
-Mistral sliding window) over a paged KV cache.
+"""Llama-family decoder (Llama incl. Llama-3 rope scaling and `attention_bias` / `mlp_bias`,
+Qwen2 qkv bias, Qwen3 q/k norm, Mistral sliding window) over a paged KV cache.
 
 `forward(input_ids, positions)` takes a flat varlen batch (everything else it needs, the
 attention metadata and the KV caches, comes from the forward context) and returns the final
@@ -35,6 +35,8 @@ class ModelArch:
 
     qkv_bias: bool = False
     qk_norm: bool = False
+    o_bias_from_attention_bias: bool = False   # config `attention_bias` also puts a bias on o_proj
+    reads_mlp_bias: bool = False               # config `mlp_bias` puts biases on the dense MLP
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class ModelSpec:
     torch_dtype: str | None
     hidden_act: str = "silu"
     moe: MoeSpec | None = None  # mixture-of-experts layers (models/moe.py); None: every MLP dense
+    o_bias: bool = False        # o_proj has a bias (Llama / Qwen3 `attention_bias`)
+    mlp_bias: bool = False      # gate/up/down have biases (Llama `mlp_bias`)
 
 
 class RMSNorm(nn.Module):
@@ -88,11 +92,11 @@ def merge_linears(parts: list[nn.Linear], cls: type[nn.Linear] = nn.Linear) -> n
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, inter: int):
+    def __init__(self, hidden: int, inter: int, bias: bool = False):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = SmallLinear(inter, hidden, bias=False)
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = SmallLinear(inter, hidden, bias=bias)
         self.gate_up_proj: nn.Linear | None = None
 
     def fuse(self) -> None:
@@ -117,7 +121,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_dim, self.nkv * self.hd, bias=spec.qkv_bias)
         self.v_proj = nn.Linear(in_dim, self.nkv * self.hd, bias=spec.qkv_bias)
         # The projections of few rows (decode at batch 1) take a Triton GEMV (layers/linear.py).
-        self.o_proj = SmallLinear(self.nh * self.hd, spec.hidden_size, bias=False)
+        self.o_proj = SmallLinear(self.nh * self.hd, spec.hidden_size, bias=spec.o_bias)
         if spec.qk_norm:
             self.q_norm = RMSNorm(self.hd, spec.rms_norm_eps)
             self.k_norm = RMSNorm(self.hd, spec.rms_norm_eps)
@@ -165,7 +169,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int, mlp: nn.Module | None = None):
         super().__init__()
         self.self_attn = Attention(spec, spec.sliding_windows[layer_idx], layer_id=layer_idx)
-        self.mlp = mlp if mlp is not None else MLP(spec.hidden_size, spec.intermediate_size)
+        self.mlp = mlp if mlp is not None else MLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         # Tensor parallelism (adaspec/parallel): the sum over ranks of the partial outputs of
@@ -221,7 +225,7 @@ class LlamaForCausalLM(nn.Module):
 
     def make_mlp(self, spec: ModelSpec, layer_idx: int) -> nn.Module:
         """Layer `layer_idx`'s MLP (MoE models override this)."""
-        return MLP(spec.hidden_size, spec.intermediate_size)
+        return MLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias)
 
     # Checkpoint names are "model.layers.0..." for the body and "lm_head.weight".
     def checkpoint_name(self, param_name: str) -> str:

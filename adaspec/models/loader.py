@@ -13,6 +13,7 @@ mismatch raises ValueError naming it. Extra tensors in a *target* checkpoint are
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +21,8 @@ import torch
 from torch import nn
 
 from adaspec.models.registry import parse_model_spec
+
+logger = logging.getLogger("adaspec")
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "half": torch.float16}
@@ -115,9 +118,11 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
         needs[n] = [c for c, _ in parts]
         wanted.update((c, (n, idx)) for c, idx in parts)
     got: set[str] = set()
+    unread: list[str] = []
     for name, tensor in (tensors.items() if tensors is not None else iter_tensors(model_dir, part)):
         hit = wanted.get(name)
         if hit is None:
+            unread.append(name)
             continue
         pname, idx = hit
         p = params[pname]
@@ -133,12 +138,32 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
         with torch.no_grad():
             dst.copy_(tensor.to(p.dtype))
         got.add(name)
+    _check_unread(model_dir, unread, wanted)
     unfilled = {n for n in params if any(c not in got for c in needs[n])}
     missing = [c for n in params if n in unfilled and not optional(n) for c in needs[n] if c not in got]
     if missing:
         raise ValueError(f"checkpoint {model_dir} lacks tensor(s) {missing[:8]}"
                          + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
     return unfilled
+
+
+# Tensors a checkpoint may hold that no model reads: rotary tables some exports keep.
+_HARMLESS = ("rotary_emb.inv_freq",)
+
+
+def _check_unread(model_dir: Path, unread: list[str], wanted: dict) -> None:
+    """A checkpoint bias the model has no place for (its weight is read) means the config
+    and the checkpoint disagree: reading on without it would silently change the output, so
+    it is an error. Other tensors nothing reads (e.g. multi-token-prediction layers) are
+    named in a warning."""
+    biases = [n for n in unread if n.endswith(".bias") and n[:-len("bias")] + "weight" in wanted]
+    if biases:
+        raise ValueError(f"checkpoint {model_dir} has bias tensor(s) {biases[:4]} that the model built from its "
+                         f"config.json has no place for (a config flag such as attention_bias / mlp_bias "
+                         f"disagrees with the weights)")
+    other = [n for n in unread if not n.endswith(_HARMLESS)]
+    if other:
+        logger.warning("checkpoint %s: %d tensor(s) not read (e.g. %s)", model_dir, len(other), ", ".join(other[:4]))
 
 
 def init_dummy(module: nn.Module, seed: int, std: float = 0.02) -> None:

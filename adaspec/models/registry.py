@@ -8,10 +8,10 @@ from adaspec.models.llama import LlamaForCausalLM, ModelArch, ModelSpec
 from adaspec.models.moe import MOE_PARSERS, MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, tuple[type, ModelArch]] = {
-    "LlamaForCausalLM": (LlamaForCausalLM, ModelArch()),
+    "LlamaForCausalLM": (LlamaForCausalLM, ModelArch(o_bias_from_attention_bias=True, reads_mlp_bias=True)),
     "MistralForCausalLM": (LlamaForCausalLM, ModelArch()),
     "Qwen2ForCausalLM": (LlamaForCausalLM, ModelArch(qkv_bias=True)),
-    "Qwen3ForCausalLM": (LlamaForCausalLM, ModelArch(qk_norm=True)),
+    "Qwen3ForCausalLM": (LlamaForCausalLM, ModelArch(qk_norm=True, o_bias_from_attention_bias=True)),
     # Mixture of experts (models/moe.py; each reads its routing options with MOE_PARSERS[arch]).
     "Qwen2MoeForCausalLM": (MoeForCausalLM, ModelArch()),
     "Qwen3MoeForCausalLM": (MoeForCausalLM, ModelArch(qk_norm=True)),
@@ -138,6 +138,8 @@ def parse_model_spec(model_dir: str | Path) -> tuple[ModelSpec, type]:
         torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
         hidden_act=cfg.get("hidden_act", "silu"),
         moe=moe,
+        o_bias=flags.o_bias_from_attention_bias and bool(cfg.get("attention_bias", False)),
+        mlp_bias=flags.reads_mlp_bias and bool(cfg.get("mlp_bias", False)),
     )
     if spec.hidden_act != "silu":
         raise ValueError(f"unsupported hidden_act {spec.hidden_act!r} (only silu)")

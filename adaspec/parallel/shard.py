@@ -30,6 +30,9 @@ class Shard:
     def check(self, spec) -> None:
         """ValueError naming the dimension that `size` ranks cannot share."""
         n = self.size
+        if n > 1 and (spec.o_bias or spec.mlp_bias):   # a row-parallel bias must be added once, after the sum
+            raise ValueError(f"tensor_parallel_size={n}: checkpoints with `attention_bias` / `mlp_bias` biases on "
+                             f"o_proj or the MLP are served on one GPU only")
         need = [("num_attention_heads", spec.num_heads), ("intermediate_size", spec.intermediate_size)]
         if spec.moe is not None:
             need.append(("moe_intermediate_size", spec.moe.intermediate_size))

@@ -300,7 +300,7 @@ def load_eagle3(draft_dir: str | Path, target_spec: ModelSpec, target_embed: nn.
         intermediate_size=cfg["intermediate_size"], rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
         rope_parameters=rope_parameters(cfg), max_position=cfg.get("max_position_embeddings", target_spec.max_position),
         qkv_bias=layer_flags.qkv_bias or bool(cfg.get("attention_bias", False)), qk_norm=layer_flags.qk_norm,
-        sliding_windows=(None,) * fmt.num_layers)
+        sliding_windows=(None,) * fmt.num_layers, o_bias=False, mlp_bias=False, moe=None)
     draft_vocab = cfg.get("draft_vocab_size") or target_spec.vocab_size
 
     own = tensors.get("embed_tokens.weight")
