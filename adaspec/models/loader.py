@@ -99,7 +99,8 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
                optional: Callable[[str], bool] = lambda n: False,
                tensors: dict[str, torch.Tensor] | None = None,
                checkpoint_parts: Callable[[str], list[tuple[str, tuple]] | None] | None = None,
-               part: Callable[[str], tuple[int, int, int] | None] | None = None) -> set[str]:
+               part: Callable[[str], tuple[int, int, int] | None] | None = None,
+               check_unread: bool = True) -> set[str]:
     """Copy checkpoint tensors (read from `model_dir`, or given as `tensors`) into `module`'s
     parameters; returns the names of the parameters left unfilled (only those `optional`
     allows). Raises ValueError on missing or misshapen.
@@ -108,7 +109,9 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
     as [(checkpoint name, index into the parameter)] (MoE experts stacked into [E, ...] from
     per-expert tensors, which may sit in different shards); None: the one `checkpoint_name`.
     `part(checkpoint name)`: the slice of it to read (see `iter_tensors`); a slice shorter than
-    the parameter (the last vocabulary shard) fills its first rows, the rest is zeroed."""
+    the parameter (the last vocabulary shard) fills its first rows, the rest is zeroed.
+    `check_unread`: checkpoint tensors no parameter reads are checked (`_check_unread`);
+    off for callers that account for them themselves (EAGLE-3 heads)."""
     params = dict(module.named_parameters(remove_duplicate=True))
     wanted: dict[str, tuple[str, tuple | None]] = {}
     needs: dict[str, list[str]] = {}
@@ -138,7 +141,8 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
         with torch.no_grad():
             dst.copy_(tensor.to(p.dtype))
         got.add(name)
-    _check_unread(model_dir, unread, wanted)
+    if check_unread:
+        _check_unread(model_dir, unread, wanted)
     unfilled = {n for n in params if any(c not in got for c in needs[n])}
     missing = [c for n in params if n in unfilled and not optional(n) for c in needs[n] if c not in got]
     if missing:

@@ -350,7 +350,7 @@ def _fill(head: Eagle3Head, tensors: dict[str, torch.Tensor], original: dict[str
     (it would mean a variant we do not implement, silently crippling acceptance)."""
     params = {n for n, _ in head.named_parameters()}
     try:
-        load_state(head, draft_dir, lambda n: n, tensors=tensors)
+        load_state(head, draft_dir, lambda n: n, tensors=tensors, check_unread=False)   # accounted below
     except ValueError as e:  # name the checkpoint's own keys, not ours
         msg = str(e)
         for ours, theirs in original.items():

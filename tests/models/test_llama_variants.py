@@ -45,3 +45,19 @@ def test_biased_checkpoints_refuse_tensor_parallelism(tmp_path):
     assert spec.o_bias and spec.mlp_bias
     with pytest.raises(ValueError, match="one GPU only"):
         Shard(0, 2).local_spec(spec)
+
+
+def test_unread_checkpoint_tensors_are_named_in_a_warning(tmp_path, caplog):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    d = make_tiny_model(tmp_path / "m", "llama")
+    f = d / "model.safetensors"
+    sd = load_file(str(f))
+    sd["model.mtp_layers.0.weight"] = torch.zeros(4)
+    sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.zeros(4)   # harmless: not named
+    save_file(sd, str(f), metadata={"format": "pt"})
+    with caplog.at_level("WARNING", logger="adaspec"):
+        LLM(str(d), device="cpu", dtype="float32")
+    said = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
+    assert len(said) == 1 and "1 tensor(s)" in said[0] and "model.mtp_layers.0.weight" in said[0]
