@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API (FastAPI): the routes and the app factory.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health (and
+GET/POST /ping, as vLLM),
 (GET /version, GET /v1/models/{id}, POST /tokenize, POST /detokenize, the X-Request-Id header
 and CORS: `server/routes_extra.py`),
 GET /metrics (Prometheus text), GET /server_info (JSON: configuration and engine stats; with an
@@ -142,6 +143,9 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
             return JSONResponse({"status": "stalled", "message": f"the engine has made no progress for "
                                  f"{stalled:.0f} s with requests pending"}, status_code=503)
         return {"status": "ok"}
+
+    # SageMaker's (and vLLM's) liveness route: the same answer as /health.
+    app.add_api_route("/ping", health, methods=["GET", "POST"])
 
     @app.get("/metrics")
     async def prometheus_metrics():

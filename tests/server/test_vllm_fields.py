@@ -200,3 +200,8 @@ def test_unsupported_vllm_flag_values_exit_2(flags, says):
     out = subprocess.run([sys.executable, "-m", "adaspec.cli", "serve", "--model", "/nonexistent", *flags],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and says in out.stderr
+
+
+def test_ping_answers_as_health(url):
+    assert httpx.get(url + "/ping").json() == httpx.get(url + "/health").json() == {"status": "ok"}
+    assert httpx.post(url + "/ping").status_code == 200
