@@ -204,4 +204,4 @@ def test_unsupported_vllm_flag_values_exit_2(flags, says):
 
 def test_ping_answers_as_health(url):
     assert httpx.get(url + "/ping").json() == httpx.get(url + "/health").json() == {"status": "ok"}
-    assert httpx.post(url + "/ping").status_code == 200
+    assert httpx.post(url + "/ping", json={}).status_code == 200
