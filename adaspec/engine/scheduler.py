@@ -373,8 +373,9 @@ class Scheduler:
             # Every emitted token is one the step's bitmask allowed, so the matcher accepts it;
             # a complete grammar (its stop token accepted) ends the request, ignore_eos or not.
             if not req.grammar.accept(tok):
-                req.error = (f"token {tok} breaks the request's grammar (a grammar with no continuation in "
-                             f"this model's vocabulary leaves no legal token)")
+                req.error = (f"token {tok} breaks the request's grammar: no token was legal (the grammar has no "
+                             f"continuation in this model's vocabulary, or allowed_token_ids / bad_words "
+                             f"exclude every token it allows)")
                 return "abort"
             if req.grammar.done:
                 return self._token_stop(req, None)
