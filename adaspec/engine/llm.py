@@ -26,6 +26,10 @@ class LLM:
     MAX_STALLED_STEPS = 100
 
     def __init__(self, model: str, **kwargs):
+        # vLLM scripts pass trust_remote_code=True; adaspec implements each architecture itself
+        # and never runs a checkpoint's code, so it changes nothing.
+        if not isinstance(kwargs.pop("trust_remote_code", False), bool):
+            raise TypeError("trust_remote_code must be true or false")
         # Offline, throughput is the figure: next to decode rows, prefill takes the step's whole
         # budget unless `long_prefill_token_threshold` says otherwise. (The server paces prefill
         # by measurement to keep streams' inter-token latency, engine/prefill_pacer.py. Offline,

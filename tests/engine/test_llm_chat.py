@@ -25,3 +25,9 @@ def test_llm_chat_equals_generate_on_the_template(tok_model_dir, tok_head_dir):
         llm.chat([], sp)
     with pytest.raises(ValueError, match="add_generation_prompt=False"):
         llm.chat(one, sp, continue_final_message=True)
+
+
+def test_vllm_keyword_trust_remote_code_is_accepted(llama_dir):
+    assert LLM(llama_dir, device="cpu", trust_remote_code=True).generate([[1, 2, 3]], SamplingParams(max_tokens=2))
+    with pytest.raises(TypeError, match="trust_remote_code"):
+        LLM(llama_dir, device="cpu", trust_remote_code="yes")
