@@ -68,7 +68,8 @@ class SamplingParams:
     those ids; `bad_words` bans each word (as the model writes it, with and without a leading
     space) at the position where the rest of its tokens would complete it. Both hold on every
     verified draft position too: a draft position sees the draft tokens before it.
-    `cache_salt`: only requests with the same salt share prefix-cache blocks.
+    `cache_salt`: only requests with the same salt share prefix-cache blocks. `detokenize`
+    False leaves the text out (token ids only, no host time spent on text; not with `stop`).
     """
 
     max_tokens: int = 16
@@ -98,6 +99,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     cache_salt: str | None = None
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -154,7 +156,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {v!r}")
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
-        for name in ("include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens"):
+        for name in ("include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+                     "detokenize"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         t = self.truncate_prompt_tokens
@@ -165,6 +168,8 @@ class SamplingParams:
             if not ids or any(not _is_int(i) or i < 0 for i in ids):
                 raise ValueError(f"allowed_token_ids must be a non-empty list of token ids (non-negative integers), "
                                  f"got {ids!r}")
+        if not self.detokenize and self.stop:
+            raise ValueError("detokenize=False cannot be combined with stop strings (they are found in the text)")
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {self.cache_salt!r}")
         if self.bad_words is not None and any(not isinstance(w, str) or not w.strip() for w in self.bad_words):

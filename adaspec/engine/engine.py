@@ -323,14 +323,15 @@ class Engine:
     def _outputs(self, reqs: list[Request]) -> list[RequestOutput]:
         outs = []
         for req in reqs:
-            if req.is_finished and self.detokenizer is not None and req.finish_reason != "stop":
+            spelled = self.tokenizer is not None and req.params.detokenize
+            if req.is_finished and spelled and req.finish_reason != "stop":
                 self.detokenizer.flush(req)
             start = req.num_emitted_reported
             new_ids = req.output_token_ids[start:]
             req.num_emitted_reported += len(new_ids)
             self.counters["generation_tokens"] += len(new_ids)
             text = new_text = None
-            if self.tokenizer is not None:
+            if spelled:
                 # Hold back what could still turn out to be the start of a stop string.
                 hold = 0 if req.is_finished or not req.params.stop else max(map(len, req.params.stop)) - 1
                 upto = max(req.text_reported, len(req.text) - hold)

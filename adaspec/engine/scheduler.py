@@ -350,7 +350,7 @@ class Scheduler:
                     self._finish(req, reason)
                     break
             if res.emitted:
-                if self.detokenizer is not None and not req.params.stop:
+                if self.detokenizer is not None and not req.params.stop and req.params.detokenize:
                     # A token that stopped the request (eos, a stop id, a complete grammar) is
                     # not spelled (unless include_stop_str_in_output), as in `_stop_reason`.
                     n = len(req.all_token_ids) - req.num_prompt_tokens   # (read back: none pending)

@@ -119,7 +119,7 @@ class EngineProcess:
         ids = check_request(prompt, params, self.tokenizer, self.vocab_size, self.max_model_len)
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in use")
-        self._live[request_id] = _Live(ids, text="" if self.tokenizer is not None else None)
+        self._live[request_id] = _Live(ids, text="" if self.tokenizer is not None and params.detokenize else None)
         self._send(("add", request_id, ids, params))
         return request_id
 

@@ -162,3 +162,11 @@ def test_history_tail_matches_a_host_reference(tree):
                 k = int(parents[p, k]) if tree else k - 1
             rec = recent[p, :count[p]].tolist() if pending[p] else []
             assert got[p, i].tolist() == _reference_tail(outs[p], rec, path, M), (p, i)
+
+
+def test_detokenize_off_gives_token_ids_only(llms, plain):
+    out = llms["chain4"].generate(PROMPTS, SamplingParams(**GREEDY, detokenize=False))
+    assert [o.token_ids for o in out] == [o.token_ids for o in plain]
+    assert all(o.text is None for o in out)
+    with pytest.raises(ValueError, match="detokenize=False cannot be combined with stop"):
+        SamplingParams(detokenize=False, stop=["x"])
