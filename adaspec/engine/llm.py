@@ -14,6 +14,8 @@ class LLM:
         llm = LLM("path/to/model", device="cpu", dtype="float32")
         outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=32, temperature=0.0))
 
+    A prompt is text, token ids, or vLLM's {"prompt": text} / {"prompt_token_ids": ids}.
+
     Sampling defaults: `generate(prompts)` without SamplingParams uses
     `llm.default_sampling_params()`, i.e. the model's generation_config.json (temperature,
     top_p, top_k, min_p, penalties) unless the LLM was built with generation_config="none". A
@@ -73,10 +75,11 @@ class LLM:
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts must be a non-empty list of strings or of token-id lists")
+        prompts = [_prompt_of(p) for p in prompts]
         params = sampling_params if sampling_params is not None else self.default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
@@ -125,3 +128,14 @@ class LLM:
     def close(self) -> None:
         """Release the engine's worker processes (tensor parallelism); also done at exit."""
         self.engine.close()
+
+
+def _prompt_of(p):
+    """A prompt as the engine takes it: text or token ids; vLLM's dict forms too
+    ({"prompt": text} / {"prompt_token_ids": ids})."""
+    if not isinstance(p, dict):
+        return p
+    keys = set(p) & {"prompt", "prompt_token_ids"}
+    if len(keys) != 1 or set(p) - {"prompt", "prompt_token_ids", "multi_modal_data"} or p.get("multi_modal_data"):
+        raise ValueError(f"a dict prompt holds exactly one of 'prompt' (text) or 'prompt_token_ids', got {sorted(p)}")
+    return p[keys.pop()]

@@ -31,3 +31,15 @@ def test_vllm_keyword_trust_remote_code_is_accepted(llama_dir):
     assert LLM(llama_dir, device="cpu", trust_remote_code=True).generate([[1, 2, 3]], SamplingParams(max_tokens=2))
     with pytest.raises(TypeError, match="trust_remote_code"):
         LLM(llama_dir, device="cpu", trust_remote_code="yes")
+
+
+def test_vllm_dict_prompts(tok_model_dir):
+    llm = LLM(tok_model_dir, device="cpu", dtype="float32")
+    sp = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    ids = llm.tokenizer.encode("The quick brown fox")
+    want = llm.generate(["The quick brown fox", ids], sp)
+    got = llm.generate([{"prompt": "The quick brown fox"}, {"prompt_token_ids": ids}], sp)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert llm.generate({"prompt_token_ids": ids}, sp)[0].token_ids == want[1].token_ids
+    with pytest.raises(ValueError, match="exactly one of"):
+        llm.generate([{"prompt": "x", "prompt_token_ids": ids}], sp)
