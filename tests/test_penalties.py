@@ -90,3 +90,58 @@ def test_sampled_speculation_with_penalties_follows_the_law(tmp_path):
     assert chi2_pvalue(counts, two_token_expected(d, process=process), n) > 1e-3
     # The test has power: the same draws are far from the unpenalized law.
     assert chi2_pvalue(counts, two_token_expected(d), n) < 1e-6
+
+
+def test_bad_words_and_allowed_ids_at_every_node():
+    """allowed_token_ids and bad words (single and multi-token; a prefix that straddles the host
+    output, the in-flight step's tokens and the draft path) against a host reference of each
+    node's full history, for a tree and the same tokens as chains."""
+    torch.manual_seed(1)
+    V, N = 12, 5
+    tokens = torch.tensor([[4, 3, 5, 3, 6], [2, 6, 6, 1, 9]])
+    parents_tree = torch.tensor([[-1, 0, 0, 1, 2], [-1, 0, 1, 2, 3]])
+    out = [[5, 7, 4], [2]]
+    recent, rcount, pending = torch.tensor([[1, 1, 0], [8, 2, 0]]), torch.tensor([1, 2]), [False, True]
+    words = [[(4, 3, 7), (9,), (3, 5)], [(2, 6, 11), (6, 6, 1), (8, 2, 2)]]   # per row: token sequences
+    allowed = [None, [0, 1, 2, 6, 9, 11]]
+    M = max(len(w) for ws in words for w in ws) - 1
+    prefix, last, rows = [], [], []
+    for j, ws in enumerate(words):
+        for w in ws:
+            rows.append(j)
+            last.append(w[-1])
+            prefix.append([-2] * (M - len(w) + 1) + list(w[:-1]))
+    tail = torch.tensor([[-1] * (M - len(o[-M:])) + o[-M:] for o in out])
+    z = torch.zeros(2)
+    pb = PenaltyBatch(
+        rows=torch.tensor([0, 1]), presence=z, frequency=z, repetition=torch.ones(2), min_tokens=torch.zeros(2).long(),
+        out_len=torch.tensor([len(o) for o in out]), pending=torch.tensor(pending),
+        hist=pairs([(j, t) for j, o in enumerate(out) for t in set(o)]),
+        hist_val=torch.tensor([float(o.count(t)) for o in out for t in set(o)]),
+        prompt=pairs([]), bias=pairs([]), bias_val=torch.zeros(0), stops=pairs([]),
+        use_repetition=False, use_min_tokens=False,
+        allow=pairs([(1, t) for t in allowed[1]]), restricted=torch.tensor([False, True]),
+        bad_row=torch.tensor(rows), bad_prefix=torch.tensor(prefix), bad_last=torch.tensor(last), tail=tail)
+    logits = torch.randn(2, N, V)
+    banned_somewhere = False
+    for parents in (parents_tree, None):
+        par = torch.arange(-1, N - 1).expand(2, N) if parents is None else parents
+        anc = path_matrix(parents, 2, N, 4, logits.device)
+        got = apply_penalties(logits, pb, tokens, anc, recent, rcount)
+        for b in range(2):
+            base = out[b] + (recent[b, :rcount[b]].tolist() if pending[b] else [])
+            for i in range(N):
+                path, k = [], i
+                while k > 0:
+                    path.insert(0, int(tokens[b, k]))
+                    k = int(par[b, k])
+                hist = base + path
+                want = logits[b, i].clone()
+                if allowed[b] is not None:
+                    want[[t for t in range(V) if t not in allowed[b]]] = float("-inf")
+                for w in words[b]:
+                    if len(w) == 1 or tuple(hist[-(len(w) - 1):]) == w[:-1]:
+                        want[w[-1]] = float("-inf")
+                        banned_somewhere |= len(w) > 1
+                assert torch.equal(got[b, i], want), (parents is None, b, i, hist)
+    assert banned_somewhere
