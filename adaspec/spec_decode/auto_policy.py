@@ -54,6 +54,7 @@ class AutoPolicy(SpeculationPolicy):
     LOG_EVERY_S = 1.0
     PRIOR_TOKENS = 4          # the prior rate's weight, in drafted tokens, against the first evidence
     THIN_EVIDENCE = 8         # a depth measured on fewer drafted tokens is probed 10x as often
+    RECHECK_PRIOR_TOKENS = 1  # after a fall to off at a small batch: the old rates' weight (_recheck_after_fall)
     FRESH_WITHIN = 0.8        # keeps_draft_fresh: a depth within this of off's goodput
     PROBE_STEPS = 3           # a probe runs this many steps; the first (the switch) is not timed
     REEVALUATE_EVERY = 8      # steps a choice's goodputs serve while their inputs but the rates stand
@@ -259,6 +260,8 @@ class AutoPolicy(SpeculationPolicy):
         if self.depth not in g or g[best] > g[self.depth] * (1 + self.margin):
             if best != self.depth:
                 self._log_change(self.depth, best, batch_size, g)
+                if best == 0 and batch_size < self.THIN_EVIDENCE:
+                    self._recheck_after_fall()
             self.depth = best
         # Probing: acceptance is only measured at depths that run, and an extrapolation from
         # shallower ones can keep a policy below a deeper draft that would pay. Once every
@@ -292,6 +295,18 @@ class AutoPolicy(SpeculationPolicy):
                 self.probe_run = [probe, self.PROBE_STEPS - 1]
             return self.shapes[probe]
         return self.shapes[self.depth]
+
+    def _recheck_after_fall(self) -> None:
+        """The choice fell back to off at a batch whose steps measure a few tokens each: every
+        level is estimated afresh. Off measures nothing, so with the EMA alone each 3-step probe
+        moved a low estimate ~20% of the way back at batch 1, and a fall on a few unlucky
+        tokens lasted hundreds of steps (benchmarks/auto_sim.py, a MoE-shaped batch 1 where off
+        beats a chain of 1 and a chain of 4 beats off by 24%: 14-75% of some seeds' steps off;
+        results/cpu/auto_sim_session15_2026-12-04/). Now the rates that made the fall count as
+        one token (RECHECK_PRIOR_TOKENS: they are the unlucky ones), the next probes come as
+        often as for a thin level, and a running mean of what they measure replaces them."""
+        self.evidence = [self.RECHECK_PRIOR_TOKENS - self.PRIOR_TOKENS] * self.max_depth
+        self.steps_since_spec = 0   # the first re-probe a thin level's interval later, not at once
 
     def _log_change(self, old: int, new: int, b: int, g: dict[int, float]) -> None:
         """One INFO line per change of choice, with the numbers that made it. Changes less than

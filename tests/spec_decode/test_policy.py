@@ -655,3 +655,33 @@ def test_auto_probes_the_level_its_estimates_rank_best():
         steep.times[(d, steep.bucket(256))] = 0.014 + 0.012 * d
     steep.steps_since_spec = steep.probe_every
     assert depth_of(steep.decide(256)) == 1 and steep.depth == 0
+
+
+def test_auto_recovers_quickly_from_a_fall_to_off_on_unlucky_tokens():
+    """Batch 1 of a MoE-shaped target: off 1.44 ms, chains of 1-4 3.2-3.9 ms, so off beats a
+    chain of 1 and a chain of 4 beats off by 50% at acceptance 0.9. A run of rejected drafts
+    sends `auto` off; once the drafts are good again, the levels above off are estimated afresh
+    by probes a thin level's interval apart, and the choice is back at 4 within tens of steps
+    (with the EMA alone, a 3-step probe every 100 steps moved the low estimate ~20% of the way
+    back each time: hundreds of steps off)."""
+    pol = auto_policy()
+    costs = [1.44e-3, 3.2e-3, 3.4e-3, 3.66e-3, 3.9e-3]
+    rng = random.Random(3)
+
+    def step(rate: float) -> int:
+        d = depth_of(pol.decide(1))
+        k = 0
+        while k < d and rng.random() < rate:
+            k += 1
+        pol.observe(StepFeedback(batch_size=1, num_tokens=d + 1, draft_len=d, step_time=costs[d],
+                                 accepted_per_position=(1,) * k + (0,) * (d - k), drafted_per_position=(1,) * d))
+        return d
+
+    feed(pol, 1, lambda d: costs[d], rate=0.9, steps=3)
+    for _ in range(40):
+        step(0.9)
+    assert pol.depth == 4
+    fell = next((i for i in range(60) if step(0.0) == 0 and pol.depth == 0), None)   # a run of rejections
+    assert fell is not None
+    back = next((i for i in range(400) if step(0.9) >= 0 and pol.depth == 4), None)
+    assert back is not None and back <= 80, back
