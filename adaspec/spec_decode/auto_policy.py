@@ -47,7 +47,8 @@ class AutoPolicy(SpeculationPolicy):
     Where a deeper level has been measured on fewer than THIN_EVIDENCE tokens, the probe goes
     that deep and comes ten times as often: at batch 1 a choice that fell back to off on two
     unlucky tokens otherwise stayed off (a host-bound pair whose chain 4 pays 1.3x ran at
-    0.80-0.93x of it, most steps off; tests/spec_decode/test_policy.py).
+    0.80-0.93x of it, most steps off; tests/spec_decode/test_policy.py). A fall to off at
+    such a batch makes every level thin again (`_recheck_after_fall`).
     """
 
     name = "auto"
