@@ -1,6 +1,7 @@
 """The logit processors that depend on a request's history, with vLLM's semantics and order:
-logit_bias, min_tokens, then the repetition, frequency and presence penalties. Pure
-functions of device tensors; the engine stages the histories (`engine/penalty_step.py`).
+allowed_token_ids, bad_words, logit_bias, min_tokens, then the repetition, frequency and
+presence penalties. Pure functions of device tensors; the engine stages the histories
+(`engine/penalty_step.py`).
 
     allowed_token_ids   logits[t] = -inf for every t not allowed
     bad_words           logits[w_last] = -inf where the history ends with the word's other tokens
@@ -132,7 +133,7 @@ def _history_tail(pb: PenaltyBatch, tokens: torch.Tensor, anc: torch.Tensor, rec
 def _ban_bad_words(logits: torch.Tensor, pb: PenaltyBatch, tokens: torch.Tensor, anc: torch.Tensor,
                    recent: torch.Tensor, recent_count: torch.Tensor) -> torch.Tensor:
     """-inf on each bad word's last token at the nodes whose history ends with its other tokens."""
-    P, N, V = logits.shape
+    N = logits.shape[1]
     W = pb.bad_row.shape[0]
     if pb.tail.shape[1]:
         window = _history_tail(pb, tokens, anc, recent, recent_count)[pb.bad_row]     # [W, N, M]
@@ -140,8 +141,9 @@ def _ban_bad_words(logits: torch.Tensor, pb: PenaltyBatch, tokens: torch.Tensor,
         match = ((window == prefix) | (prefix == -2)).all(2)                          # [W, N]
     else:
         match = torch.ones(W, N, dtype=torch.bool, device=logits.device)
-    ban = torch.zeros(P, N, V, dtype=torch.float32, device=logits.device)
+    # -inf added where a word matches, 0 elsewhere: no [P, N, V] mask, and no host sync to
+    # select the matches.
+    add = torch.where(match, float("-inf"), 0.0)
     nodes = torch.arange(N, device=logits.device).unsqueeze(0).expand(W, N)
-    ban.index_put_((pb.bad_row.unsqueeze(1).expand(W, N), nodes, pb.bad_last.unsqueeze(1).expand(W, N)),
-                   match.float(), accumulate=True)
-    return logits.masked_fill(ban > 0, float("-inf"))
+    return logits.index_put((pb.bad_row.unsqueeze(1).expand(W, N), nodes, pb.bad_last.unsqueeze(1).expand(W, N)),
+                            add, accumulate=True)
