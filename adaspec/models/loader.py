@@ -142,7 +142,9 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
             dst.copy_(tensor.to(p.dtype))
         got.add(name)
     if check_unread:
-        _check_unread(model_dir, unread, wanted)
+        # (a tied LM head's own copy in the checkpoint is expected: the embedding serves as both)
+        tied = {checkpoint_name(n) for n, _ in module.named_parameters(remove_duplicate=False)} - set(wanted)
+        _check_unread(model_dir, [n for n in unread if n not in tied], wanted)
     unfilled = {n for n in params if any(c not in got for c in needs[n])}
     missing = [c for n in params if n in unfilled and not optional(n) for c in needs[n] if c not in got]
     if missing:
