@@ -107,6 +107,10 @@ class Engine:
     def _start(self, cfg: EngineConfig) -> None:
         self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, cfg.chat_template)
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
+        # True: an output's token_ids is the request's own growing list, not a copy (for a
+        # consumer that reads only new_token_ids, as the server's engine process does: a copy
+        # per request per step is O(output length) of host time for nothing).
+        self.delta_outputs = False
         bs = cfg.cache.block_size
         capacity = self.runner.num_blocks * bs - 1
         wanted = cfg.scheduler.max_model_len
@@ -327,7 +331,8 @@ class Engine:
             if req.is_finished and spelled and req.finish_reason != "stop":
                 self.detokenizer.flush(req)
             start = req.num_emitted_reported
-            new_ids = req.output_token_ids[start:]
+            out_ids = req.output_token_ids
+            new_ids = out_ids[start:]
             req.num_emitted_reported += len(new_ids)
             self.counters["generation_tokens"] += len(new_ids)
             text = new_text = None
@@ -340,7 +345,8 @@ class Engine:
                 text = req.text[:upto]
             outs.append(RequestOutput(
                 request_id=req.request_id, prompt_token_ids=req.prompt_token_ids,
-                token_ids=req.output_token_ids, text=text, new_token_ids=new_ids, new_text=new_text,
+                token_ids=out_ids if self.delta_outputs else list(out_ids), text=text,
+                new_token_ids=new_ids, new_text=new_text,
                 finished=req.is_finished, finish_reason=req.finish_reason,
                 spec=req.spec_stats.as_dict() if req.is_finished else {},
                 num_cached_tokens=req.num_cached_tokens, error=req.error,

@@ -67,7 +67,7 @@ def profile_step_times(engine, shapes: list[DraftShape | None], max_batch: int |
                 if in_flight:
                     r.pending = 1
                 else:
-                    r.all_token_ids.append(int(torch.randint(0, vocab, (1,), generator=g)))
+                    r.append_token(int(torch.randint(0, vocab, (1,), generator=g)))
         for b in sizes:
             for depth, shape in enumerate(shapes):
                 plan = StepPlan([ScheduledRequest(r, 1, shape) for r in reqs[:b]])

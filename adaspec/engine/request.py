@@ -130,6 +130,7 @@ class Request:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids = list(prompt_token_ids)
+        self.output_ids: list[int] = []   # all_token_ids past the prompt, kept as its own list (append_token)
         self.params = params
         self.eos_token_ids = eos_token_ids
         self.arrival = time.monotonic() if arrival is None else arrival
@@ -177,7 +178,15 @@ class Request:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.all_token_ids[len(self.prompt_token_ids):]
+        """The generated tokens read back so far: the request's own list, not a copy (read it,
+        copy what you keep). A slice of all_token_ids cost O(output) per call, several calls
+        per request per step."""
+        return self.output_ids
+
+    def append_token(self, tok: int) -> None:
+        """A generated token read back (the only way tokens join a request)."""
+        self.all_token_ids.append(tok)
+        self.output_ids.append(tok)
 
     @property
     def num_output_tokens(self) -> int:

@@ -342,7 +342,7 @@ class Scheduler:
                 req.prompt_logprobs[first:first + len(entries)] = entries
             reason = None
             for j, tok in enumerate(res.emitted):
-                req.all_token_ids.append(tok)
+                req.append_token(tok)
                 if res.logprobs is not None:
                     req.logprobs.append(res.logprobs[j])
                 reason = self._stop_reason(req, tok)

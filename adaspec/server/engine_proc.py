@@ -274,6 +274,7 @@ def _engine_main(cfg: EngineConfig, cmd, out) -> None:
 
     try:
         engine = Engine(cfg)
+        engine.delta_outputs = True   # only the deltas travel (`_delta`)
     except BaseException as e:  # noqa: BLE001 - reported to the server, which exits with it
         out.send(("startup_error", type(e).__name__, str(e)))
         return

@@ -236,3 +236,25 @@ def test_stop_token_ids_outside_the_vocabulary_are_refused(llama_dir):
     llm = LLM(llama_dir, device="cpu", dtype="float32")
     with pytest.raises(ValueError, match="stop_token_ids"):
         llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, stop_token_ids=[llm.engine.vocab_size + 3]))
+
+
+def test_step_outputs_are_snapshots_unless_delta_outputs(llama_dir):
+    """`Engine.step` outputs keep what they said (token_ids copied); with `delta_outputs` (the
+    server's engine process, which reads only new_token_ids) token_ids is the request's own
+    list, with no copy per step."""
+    from adaspec.engine.engine import Engine
+
+    for delta in (False, True):
+        eng = LLM(llama_dir, device="cpu", dtype="float32").engine
+        eng.delta_outputs = delta
+        eng.add_request("a", [1, 2, 3], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+        seen = []
+        while eng.has_unfinished():
+            seen += [(o, list(o.token_ids), list(o.new_token_ids)) for o in eng.step()]
+        assert isinstance(eng, Engine) and seen[-1][0].finished
+        assert sum((new for _, _, new in seen), []) == seen[-1][1]
+        if delta:
+            assert all(o.token_ids == seen[-1][1] for o, _, _ in seen)      # one list, grown
+        else:
+            assert all(o.token_ids == ids for o, ids, _ in seen)          # each kept its own
+            assert len(seen) > 1 and len(seen[0][1]) < len(seen[-1][1])
