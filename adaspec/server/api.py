@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API (FastAPI): the routes and the app factory.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health (and
+Routes: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses (OpenAI's
+Responses API over the chat path: `server/responses.py`), GET /v1/models, GET /health (and
 GET/POST /ping, as vLLM),
 (GET /version, GET /v1/models/{id}, POST /tokenize, POST /detokenize, the X-Request-Id header
 and CORS: `server/routes_extra.py`),
@@ -49,6 +50,7 @@ from adaspec.server.body import _error_path
 from adaspec.server.guard import RequestGuard
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError
+from adaspec.server.responses import responses
 from adaspec.server import routes_extra
 from adaspec.server.serving import OpenAIServing, ServerSettings
 from adaspec.server.stats_log import log_stats_forever
@@ -124,6 +126,10 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
         return await serving.chat(await raw.body(), raw)
+
+    @app.post("/v1/responses")
+    async def responses_route(raw: Request):
+        return await responses(serving, await raw.body(), raw)
 
     @app.get("/v1/models")
     async def models():

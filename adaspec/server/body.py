@@ -31,9 +31,10 @@ _FIELD_NAMES = {name for model in (CompletionRequest, ChatCompletionRequest, Cha
                 for name in model.model_fields}
 
 
-def _error_path(loc) -> str:
-    """Dotted field path of a pydantic error, without pydantic's union-member tags ('int', 'list[str]')."""
-    return ".".join(str(x) for x in loc if isinstance(x, int) or x in _FIELD_NAMES)
+def _error_path(loc, names: set[str] | frozenset = frozenset()) -> str:
+    """Dotted field path of a pydantic error, without pydantic's union-member tags ('int',
+    'list[str]'); `names`: field names beyond the chat and completions models'."""
+    return ".".join(str(x) for x in loc if isinstance(x, int) or x in _FIELD_NAMES or x in names)
 
 
 def check_json_shape(data: Any, max_array_len: int) -> None:
@@ -85,16 +86,17 @@ def parse_body(raw_body: bytes, model: type[BaseModel], max_array_len: int = 1 <
         return model.model_validate(data)
     except ValidationError as e:
         errors = e.errors()
-        path = _error_path(errors[0]["loc"])
-        deepest = _furthest_union_member(errors)
+        names = set(model.model_fields)
+        path = _error_path(errors[0]["loc"], names)
+        deepest = _furthest_union_member(errors, names)
         if deepest is not None:
             # One member of a union (e.g. prompt: a list of token ids) matched further than the
             # others: its error is the real problem ("prompt.1: ... valid integer, got 2.5"),
             # not the first member's ("Input should be a valid string").
-            raise APIError(f"{_error_path(deepest['loc'])}: {deepest['msg']}{_got(deepest)}",
+            raise APIError(f"{_error_path(deepest['loc'], names)}: {deepest['msg']}{_got(deepest)}",
                            param=path or None) from None
         # A union field fails once per member type; say it once, with every expectation.
-        msgs = list(dict.fromkeys(err["msg"] for err in errors if _error_path(err["loc"]) == path))
+        msgs = list(dict.fromkeys(err["msg"] for err in errors if _error_path(err["loc"], names) == path))
         if errors[0]["type"] == "missing":
             msgs = ["field required"]
         raise APIError(f"{path or 'body'}: {'; or '.join(msgs)}", param=path or None) from None
@@ -112,11 +114,12 @@ def _log_unknown(data: dict, model: type[BaseModel]) -> None:
         logger.warning("request fields ignored (not read by adaspec; logged once each): %s", ", ".join(new))
 
 
-def _furthest_union_member(errors: list[dict]) -> dict | None:
+def _furthest_union_member(errors: list[dict], names: set[str] | frozenset = frozenset()) -> dict | None:
     """The first error of the union member whose list got furthest (the highest index of its
     first failing item) when that member is the only one to get so far; else None."""
     first_loc = errors[0]["loc"]
-    tag_at = next((i for i, x in enumerate(first_loc) if isinstance(x, str) and x not in _FIELD_NAMES), None)
+    tag_at = next((i for i, x in enumerate(first_loc) if isinstance(x, str) and x not in _FIELD_NAMES
+                   and x not in names), None)
     if tag_at is None:
         return None
     reached: dict[str, tuple[int, dict]] = {}
