@@ -232,6 +232,12 @@ class ChatCompletionRequest(_SamplingFields):
     echo: StrictBool = False                 # vLLM: start the answer with the last message's content
     chat_template: StrictStr | None = None   # vLLM: a per-request template (refused, see below)
     documents: list[Any] | None = None
+    # OpenAI fields that would change the answer and that adaspec does not implement: a 400
+    # unless neutral (text only, no audio, no predicted output, no web search)
+    modalities: list[StrictStr] | None = None
+    audio: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -244,4 +250,9 @@ class ChatCompletionRequest(_SamplingFields):
                                      "choosing in the server); start the server with --chat-template instead")
         if self.documents:
             return "documents", "documents (RAG inputs to the chat template) are not supported"
+        if self.modalities not in (None, ["text"]):
+            return "modalities", "only text output is supported (modalities: [\"text\"])"
+        for field in ("audio", "prediction", "web_search_options"):
+            if getattr(self, field) is not None:
+                return field, f"{field} is not supported"
         return self.unsupported_vllm()

@@ -151,7 +151,9 @@ def test_unimplemented_or_bad_vllm_fields_are_400(url, field, value):
 
 
 def test_chat_only_refusals(url):
-    for field, value in (("chat_template", "{{ x }}"), ("add_special_tokens", True), ("documents", [{"a": 1}])):
+    for field, value in (("chat_template", "{{ x }}"), ("add_special_tokens", True), ("documents", [{"a": 1}]),
+                         ("modalities", ["text", "audio"]), ("audio", {"voice": "alloy"}),
+                         ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {})):
         r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                            "max_tokens": 2, field: value}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
