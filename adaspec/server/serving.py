@@ -184,8 +184,10 @@ class OpenAIServing:
             else:
                 ids = list(item)
             choices = prepare_choices(self.aengine, req, ids, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt", structured)
-            if req.echo:
-                text = item if isinstance(item, str) else (self.tokenizer.decode(ids) if self.tokenizer else "")
+            if req.echo:   # (a truncated prompt is echoed as what the model saw)
+                kept = choices[0].prompt_ids
+                text = item if isinstance(item, str) and kept == ids else \
+                    (self.tokenizer.decode(kept) if self.tokenizer else "")
                 for c in choices:
                     c.prompt_text = text
             out += choices

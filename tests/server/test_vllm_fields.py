@@ -207,3 +207,11 @@ def test_unsupported_vllm_flag_values_exit_2(flags, says):
 def test_ping_answers_as_health(url):
     assert httpx.get(url + "/ping").json() == httpx.get(url + "/health").json() == {"status": "ok"}
     assert httpx.post(url + "/ping", json={}).status_code == 200
+
+
+def test_echo_of_a_truncated_prompt_is_what_the_model_saw(url, tokenizer):
+    ids = tokenizer.encode(PROMPT + " jumps over the lazy dog")
+    c = _post(url, {"prompt": PROMPT + " jumps over the lazy dog", "max_tokens": 2, "temperature": 0, "echo": True,
+                    "truncate_prompt_tokens": 4, "return_token_ids": True})["choices"][0]
+    assert c["prompt_token_ids"] == ids[-4:]
+    assert c["text"].startswith(tokenizer.decode(ids[-4:])) and not c["text"].startswith(PROMPT)
