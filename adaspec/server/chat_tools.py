@@ -77,8 +77,9 @@ class ToolOutput:
     """One choice's output under `mode` ("none" | "auto" | "required" | "named")."""
 
     def __init__(self, mode: str, name: str | None, parser: ToolParser | None, tokenizer=None,
-                 eos: set[int] = frozenset()):
+                 eos: set[int] = frozenset(), schemas: dict | None = None):
         self.mode, self.name, self.parser = mode, name, parser
+        self.schemas = schemas   # {tool name: its parameters' schema properties} (ToolParser.parse)
         self.tokenizer, self.eos = tokenizer, eos   # for "auto": the text with special tokens
         self.sent = 0            # characters of content (named: of arguments) already streamed
         self.named_started = False
@@ -109,7 +110,7 @@ class ToolOutput:
         if self.mode in ("required", "named"):
             return None, calls_of_forced(text, self.mode, self.name)
         if self.mode == "auto" and self.parser is not None:
-            return self.parser.parse(text)
+            return self.parser.parse(text, self.schemas)
         return text, []
 
     def chunks(self, base: dict, index: int, out, finish: str | None) -> list[dict]:
@@ -146,7 +147,7 @@ class ToolOutput:
         upto = at if at >= 0 else len(text) - (0 if finished else self.parser.could_start(text))
         out = []
         if finished and at >= 0:
-            content, calls = self.parser.parse(text)
+            content, calls = self.parser.parse(text, self.schemas)
             if not calls:   # not a call after all: it is content
                 upto = len(text)
         if upto > self.sent:

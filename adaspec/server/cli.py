@@ -70,7 +70,8 @@ def build_serve_parser() -> argparse.ArgumentParser:
                    help="the model directory, as vLLM's `serve MODEL` (same as --model)")
     add_engine_cli_args(p)
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 for all)")
-    p.add_argument("--tool-call-parser", choices=["hermes", "llama3_json", "mistral"], default=None,
+    p.add_argument("--tool-call-parser", choices=["hermes", "llama3_json", "mistral", "glm45", "qwen3_coder"],
+                   default=None,
                    help="how tool calls are read out of the model's text (default: the model family's)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (logged at startup)")
     p.add_argument("--max-queue-len", type=int, default=1024,

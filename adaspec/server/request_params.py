@@ -5,12 +5,15 @@ values), every failure an APIError naming the field.
 """
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 
 from adaspec.sampling import SamplingParams
 from adaspec.server.info import BUILTIN_SAMPLING_DEFAULTS
 from adaspec.server.protocol import APIError, ChatCompletionRequest
+
+logger = logging.getLogger("adaspec.server")
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                    "stop_token_ids", "max_draft_tokens", "presence_penalty", "frequency_penalty",
@@ -108,3 +111,19 @@ def request_ids(prefix: str, req, headers) -> tuple[str, str]:
     given = headers.get("x-request-id") or req.request_id
     rid = f"{prefix}-{given or uuid.uuid4().hex}"
     return rid, rid if given is None else f"{rid}-{uuid.uuid4().hex[:12]}"
+
+
+def max_prompt_chars(tokenizer, max_model_len: int) -> int | None:
+    """Most characters a prompt that fits the context can have: a token never covers more
+    characters than its vocabulary string (byte-level BPE: one character per byte; a
+    sentencepiece byte token `<0x41>` covers one), doubled for normalizers that compose
+    characters. Longer text is refused without being tokenized. None: no bound known."""
+    if tokenizer is None:
+        return None
+    try:
+        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        longest = max(len(p) for p in pieces if p is not None)
+    except Exception:  # an unusual tokenizer: no bound beyond the body size limit
+        logger.warning("could not bound prompt length from the vocabulary; relying on the body limit")
+        return None
+    return 2 * longest * max_model_len

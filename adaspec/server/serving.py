@@ -45,7 +45,7 @@ from adaspec.server.logprobs import TokenText, chat_logprobs, completion_logprob
 from adaspec.server.streaming import stream_response
 from adaspec.server.chat_prompt import encode_chat_untrusted
 from adaspec.server.info import server_info
-from adaspec.server.request_params import Prepared, param_of, prepare_choices, request_ids
+from adaspec.server.request_params import Prepared, max_prompt_chars, param_of, prepare_choices, request_ids
 from adaspec.tokenization import encode_text, has_chat_template
 
 logger = logging.getLogger("adaspec.server")
@@ -102,7 +102,7 @@ class OpenAIServing:
         # Bodies are parsed and prompts tokenized here, one at a time (so the tokenizer copy is
         # only ever used by this thread) and off the event loop.
         self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="adaspec-prepare")
-        self.max_prompt_chars = self._max_prompt_chars()
+        self.max_prompt_chars = max_prompt_chars(self.tokenizer, aengine.max_model_len)
         # Arrays longer than this cannot be valid: no field holds more items than the context has
         # tokens (token ids, messages) or the queue has places (prompts in a batch).
         self.max_array_len = max(aengine.max_model_len, settings.max_queue_len)
@@ -112,21 +112,6 @@ class OpenAIServing:
             self.loop_tokenizer = copy.deepcopy(tok)
         except Exception:
             self.loop_tokenizer = tok
-
-    def _max_prompt_chars(self) -> int | None:
-        """Most characters a prompt that fits the context can have: a token never covers more
-        characters than its vocabulary string (byte-level BPE: one character per byte; a
-        sentencepiece byte token `<0x41>` covers one), doubled for normalizers that compose
-        characters. Longer text is refused without being tokenized."""
-        if self.tokenizer is None:
-            return None
-        try:
-            pieces = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
-            longest = max(len(p) for p in pieces if p is not None)
-        except Exception:  # an unusual tokenizer: no bound beyond the body size limit
-            logger.warning("could not bound prompt length from the vocabulary; relying on the body limit")
-            return None
-        return 2 * longest * self.aengine.max_model_len
 
     async def off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
@@ -408,7 +393,8 @@ class OpenAIServing:
 
         mode, name = prepared[0].tools
         eos = set(getattr(self.aengine, "eos_token_ids", None) or [])
-        tools = [ToolOutput(mode, name, self.tool_parser, self.loop_tokenizer, eos) for _ in prepared]
+        schemas = {t.function.name: (t.function.parameters or {}).get("properties") or {} for t in req.tools or []}
+        tools = [ToolOutput(mode, name, self.tool_parser, self.loop_tokenizer, eos, schemas) for _ in prepared]
         if req.stream:
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
 

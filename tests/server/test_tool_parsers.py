@@ -22,6 +22,16 @@ CASES = [  # (parser, text, content, [(name, arguments)])
      [("f", {"q": "a"}), ("g", {})]),
     ("mistral", 'Sure [TOOL_CALLS]f[ARGS]{"q": 2}[TOOL_CALLS]g[ARGS]{}', "Sure", [("f", {"q": 2}), ("g", {})]),
     ("mistral", "plain", "plain", []),
+    ("glm45", "Checking.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+              "<arg_key>opts</arg_key>\n<arg_value>{\"days\": 3}</arg_value>\n</tool_call>"
+              "<tool_call>now\n</tool_call>", "Checking.", [("get_weather", {"city": "Paris", "opts": {"days": 3}}),
+                                                           ("now", {})]),
+    ("glm45", "<tool_call>get_weather\n<arg_key>city</arg_key>", None, []),          # unclosed: content
+    ("qwen3_coder", "Sure.\n<tool_call>\n<function=search>\n<parameter=query>\nbest pizza\n</parameter>\n"
+                    "<parameter=limit>\n5\n</parameter>\n</function>\n</tool_call>", "Sure.",
+     [("search", {"query": "best pizza", "limit": 5})]),
+    ("qwen3_coder", "<tool_call>\n<function=search>\n<parameter=query>\nx", None, []),   # unclosed: content
+    ("qwen3_coder", "<tool_call>{\"name\": \"f\"}</tool_call>", None, []),          # another format: content
 ]
 
 
@@ -51,3 +61,22 @@ def test_streamed_deltas_hold_back_markers_and_send_calls_complete():
     assert plain.deltas("a <tools are fun", True) == ([{"content": "<tools are fun"}], False)
     with pytest.raises(ValueError, match="unknown tool call parser"):
         get_tool_parser("nope")
+
+
+@pytest.mark.parametrize("name,text", [
+    ("glm45", "<tool_call>f\n<arg_key>zip</arg_key>\n<arg_value>01234</arg_value>\n<arg_key>n</arg_key>\n"
+              "<arg_value>7</arg_value>\n<arg_key>tags</arg_key>\n<arg_value>[\"a\"]</arg_value>\n</tool_call>"),
+    ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=zip>\n01234\n</parameter>\n<parameter=n>\n7\n"
+                    "</parameter>\n<parameter=tags>\n[\"a\"]\n</parameter>\n</function>\n</tool_call>"),
+])
+def test_text_written_values_follow_the_tool_schema(name, text):
+    """A string parameter stays a string even when it looks like a number; typed ones are read
+    as JSON. Through ToolOutput, as the server runs it (streamed: the call once complete)."""
+    schemas = {"f": {"zip": {"type": "string"}, "n": {"type": "integer"}, "tags": {"type": "array"}}}
+    _, calls = get_tool_parser(name).parse(text, schemas)
+    assert [json.loads(c.arguments) for c in calls] == [{"zip": "01234", "n": 7, "tags": ["a"]}]
+    out = ToolOutput("auto", None, get_tool_parser(name), schemas=schemas)
+    sent = [out.deltas(text[:k], False)[0] for k in range(1, len(text), 7)]
+    assert not any(d for ds in sent for d in ds)                 # nothing before the call is complete
+    deltas, called = out.deltas(text, True)
+    assert called and json.loads(deltas[-1]["tool_calls"][0]["function"]["arguments"])["zip"] == "01234"
