@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from adaspec.server.reasoning import ReasoningParser
 from adaspec.server.protocol import APIError, ChatCompletionRequest
 from adaspec.server.structured_request import calls_of_forced
 from adaspec.server.tool_parsers import FAMILY_PARSERS, ToolParser
@@ -77,16 +78,27 @@ class ToolOutput:
     """One choice's output under `mode` ("none" | "auto" | "required" | "named")."""
 
     def __init__(self, mode: str, name: str | None, parser: ToolParser | None, tokenizer=None,
-                 eos: set[int] = frozenset(), schemas: dict | None = None):
+                 eos: set[int] = frozenset(), schemas: dict | None = None,
+                 reasoning: ReasoningParser | None = None, prompt_opened: bool = False):
         self.mode, self.name, self.parser = mode, name, parser
         self.schemas = schemas   # {tool name: its parameters' schema properties} (ToolParser.parse)
         self.tokenizer, self.eos = tokenizer, eos   # for "auto": the text with special tokens
+        # --reasoning-parser: the answer's <think> part goes to reasoning_content, and tools are
+        # read out of the rest (`prompt_opened`: the prompt ends inside <think>)
+        self.reasoning, self.prompt_opened = reasoning, prompt_opened
         self.sent = 0            # characters of content (named: of arguments) already streamed
+        self.sent_reasoning = 0
         self.named_started = False
 
     @property
     def active(self) -> bool:
-        return self.mode != "none"
+        return self.mode != "none" or self.reasoning is not None
+
+    def split(self, text: str, finished: bool) -> tuple[str, str]:
+        """(reasoning, the rest) of the answer so far."""
+        if self.reasoning is None:
+            return "", text
+        return self.reasoning.split(text, finished, self.prompt_opened)
 
     def text(self, out, finished: bool) -> str:
         """The output as the parser reads it. "auto": decoded WITH special tokens (markers such
@@ -98,8 +110,11 @@ class ToolOutput:
 
     def message(self, out) -> tuple[dict, bool]:
         """(the assistant message, whether it called tools) of a complete output."""
-        content, calls = self._parse(self.text(out, True))
+        reasoning, rest = self.split(self.text(out, True), True)
+        content, calls = self._parse(rest)
         msg: dict = {"role": "assistant", "content": content}
+        if self.reasoning is not None:
+            msg["reasoning_content"] = reasoning or None
         if calls:
             msg["tool_calls"] = [c.openai() for c in calls]
         elif content is None:
@@ -127,6 +142,20 @@ class ToolOutput:
 
     def deltas(self, text: str, finished: bool) -> tuple[list[dict], bool]:
         """(the deltas that `text`, the output so far, adds, whether tools were called)."""
+        reasoning, text = self.split(text, finished)
+        out: list[dict] = []
+        if len(reasoning) > self.sent_reasoning:
+            out.append({"reasoning_content": reasoning[self.sent_reasoning:]})
+            self.sent_reasoning = len(reasoning)
+        more, called = self._content_deltas(text, finished)
+        return out + more, called
+
+    def _content_deltas(self, text: str, finished: bool) -> tuple[list[dict], bool]:
+        if self.mode == "none":
+            if len(text) > self.sent:
+                self.sent, new = len(text), text[self.sent:]
+                return [{"content": new}], False
+            return [], False
         if self.mode == "named":
             out = []
             if not self.named_started:

@@ -40,6 +40,7 @@ from adaspec.server.structured_request import GrammarCheck, structured_of, tool_
 from adaspec.server.tool_parsers import get_tool_parser
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from adaspec.server.reasoning import get_reasoning_parser, opens_reasoning
 from adaspec.server.logprobs import TokenText, chat_logprobs, completion_logprobs, cut_alternatives, \
     prompt_logprobs_json
 from adaspec.server.streaming import stream_response
@@ -74,6 +75,7 @@ class ServerSettings:
     prompt_tokens_details: bool = False      # usage.prompt_tokens_details.cached_tokens
     tokens_as_ids: bool = False              # default of a request's return_tokens_as_token_ids
     response_role: str = "assistant"         # role of chat answers
+    reasoning_parser: str | None = None      # server/reasoning.py name: <think> text -> reasoning_content
 
 
 async def _wait_for_disconnect(raw: Request) -> None:
@@ -107,6 +109,7 @@ class OpenAIServing:
         # tokens (token ids, messages) or the queue has places (prompts in a batch).
         self.max_array_len = max(aengine.max_model_len, settings.max_queue_len)
         self.tool_parser = get_tool_parser(settings.tool_call_parser or default_parser_name(aengine.config.model))
+        self.reasoning = get_reasoning_parser(settings.reasoning_parser)
         self.check_grammar = GrammarCheck(self.tokenizer, aengine)
         try:   # the event loop's own copy, for tool-call text (decoded with special tokens)
             self.loop_tokenizer = copy.deepcopy(tok)
@@ -394,7 +397,9 @@ class OpenAIServing:
         mode, name = prepared[0].tools
         eos = set(getattr(self.aengine, "eos_token_ids", None) or [])
         schemas = {t.function.name: (t.function.parameters or {}).get("properties") or {} for t in req.tools or []}
-        tools = [ToolOutput(mode, name, self.tool_parser, self.loop_tokenizer, eos, schemas) for _ in prepared]
+        opened = self.reasoning is not None and opens_reasoning(self.loop_tokenizer, prepared[0].prompt_ids)
+        tools = [ToolOutput(mode, name, self.tool_parser, self.loop_tokenizer, eos, schemas, self.reasoning, opened)
+                 for _ in prepared]
         if req.stream:
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
 

@@ -4,6 +4,7 @@ Flags with an effect (server behaviour, vLLM's meaning):
   --enable-prompt-tokens-details   usage.prompt_tokens_details.cached_tokens (prefix-cache hits)
   --return-tokens-as-token-ids     logprob tokens spelled "token_id:<id>" unless a request says otherwise
   --response-role ROLE             the role of chat answers (default assistant)
+  --reasoning-parser NAME          a chat answer's <think> text as reasoning_content (server/reasoning.py)
 Flags accepted because adaspec already behaves as they ask (their help says why):
   --trust-remote-code, --enable-auto-tool-choice, --enable-chunked-prefill,
   --disable-log-requests / --enable-log-requests
@@ -22,6 +23,8 @@ def add_vllm_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--return-tokens-as-token-ids", action="store_true",
                    help="spell logprob tokens as 'token_id:<id>' (a request's own field wins)")
     g.add_argument("--response-role", default="assistant", help="role of chat answers (default: assistant)")
+    g.add_argument("--reasoning-parser", choices=["deepseek_r1", "qwen3", "glm45"], default=None,
+                   help="put a chat answer's <think> text in reasoning_content (server/reasoning.py)")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="accepted for vLLM command lines: adaspec implements each architecture itself and never "
                         "runs code from a checkpoint")
@@ -54,4 +57,5 @@ def check_vllm_flags(args: argparse.Namespace) -> str | None:
 def vllm_settings(args: argparse.Namespace) -> dict:
     """The `ServerSettings` fields the vLLM flags set."""
     return {"prompt_tokens_details": args.enable_prompt_tokens_details,
-            "tokens_as_ids": args.return_tokens_as_token_ids, "response_role": args.response_role}
+            "tokens_as_ids": args.return_tokens_as_token_ids, "response_role": args.response_role,
+            "reasoning_parser": args.reasoning_parser}
