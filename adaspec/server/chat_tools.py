@@ -128,16 +128,19 @@ class ToolOutput:
             return self.parser.parse(text, self.schemas)
         return text, []
 
-    def chunks(self, base: dict, index: int, out, finish: str | None) -> list[dict]:
-        """The stream chunks of choice `index` for engine output `out` (none: nothing to send yet)."""
+    def chunks(self, base: dict, index: int, out, finish: str | None, logprobs: dict | None = None) -> list[dict]:
+        """The stream chunks of choice `index` for engine output `out` (none: nothing to send yet);
+        `logprobs`: those of the output's new tokens, sent with its first chunk."""
         deltas, called = self.deltas(self.text(out, out.finished), out.finished)
         if called and finish == "stop":
             finish = "tool_calls"
-        if not deltas and not out.finished:
+        if not deltas and not out.finished and not logprobs:
             return []
         deltas = deltas or [{}]
-        return [{**base, "choices": [{"index": index, "delta": d, "logprobs": None,
-                                      "finish_reason": finish if k == len(deltas) - 1 else None}]}
+        last = len(deltas) - 1
+        return [{**base, "choices": [{"index": index, "delta": d, "logprobs": logprobs if k == 0 else None,
+                                      "finish_reason": finish if k == last else None,
+                                      "stop_reason": getattr(out, "stop_reason", None) if k == last and finish else None}]}
                 for k, d in enumerate(deltas)]
 
     def deltas(self, text: str, finished: bool) -> tuple[list[dict], bool]:

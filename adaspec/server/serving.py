@@ -410,7 +410,7 @@ class OpenAIServing:
             def chunk(i: int, out: RequestOutput) -> dict | list[dict]:
                 finish = out.finish_reason if out.finished else None
                 if tools[i].active:
-                    return tools[i].chunks(base, i, out, finish)
+                    return tools[i].chunks(base, i, out, finish, logprobs(out.new_token_ids, out.new_logprobs))
                 delta = {"content": out.new_text} if out.new_text else {}
                 c = {"index": i, "delta": delta, "logprobs": logprobs(out.new_token_ids, out.new_logprobs),
                      "finish_reason": finish, "stop_reason": out.stop_reason if finish is not None else None}

@@ -51,11 +51,16 @@ def test_reasoning_parser_over_http(tok_model_dir, tok_head_dir):
                 "temperature": 0, "structured_outputs": {"regex": "<think>[a-z]{3,6}</think>\\n\\nok [a-z]{2}"}}
         msg = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
         assert 3 <= len(msg["reasoning_content"]) <= 6 and msg["content"].startswith("ok ")
-        events = httpx.post(srv.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60).text
-        deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in events.splitlines()
-                  if line.startswith("data: {") and json.loads(line[6:])["choices"]]
+        whole = httpx.post(srv.url + "/v1/chat/completions", json={**body, "logprobs": True}, timeout=60).json()
+        events = httpx.post(srv.url + "/v1/chat/completions", json={**body, "stream": True, "logprobs": True},
+                            timeout=60).text
+        choices = [json.loads(line[6:])["choices"][0] for line in events.splitlines()
+                   if line.startswith("data: {") and json.loads(line[6:])["choices"]]
+        deltas = [c["delta"] for c in choices]
         assert "".join(d.get("reasoning_content") or "" for d in deltas) == msg["reasoning_content"]
         assert "".join(d.get("content") or "" for d in deltas) == msg["content"]
+        streamed = [t for c in choices if c.get("logprobs") for t in c["logprobs"]["content"]]
+        assert len(streamed) == whole["usage"]["completion_tokens"] == len(whole["choices"][0]["logprobs"]["content"])
     finally:
         code, out = srv.stop()
     assert code == 0, out
