@@ -427,6 +427,7 @@ class OpenAIServing:
             message, finish = {"role": self.settings.response_role, "content": echo + (o.text or "")}, o.finish_reason
             if tools[i].active:
                 message, called = tools[i].message(o)
+                message["role"] = self.settings.response_role
                 finish = "tool_calls" if called and finish == "stop" else finish
             c = {"index": i, "message": message, "logprobs": logprobs(o.token_ids, o.logprobs),
                  "finish_reason": finish, "stop_reason": o.stop_reason}
