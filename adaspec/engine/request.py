@@ -118,6 +118,28 @@ class RequestOutput:
     def prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
+    @property
+    def outputs(self) -> list["CompletionOutput"]:
+        """vLLM's view of the same output (`out.outputs[0].text`): one completion. (A prompt
+        with n > 1 gives n RequestOutputs here, each with its one completion.)"""
+        lps = self.logprobs
+        return [CompletionOutput(0, self.text or "", list(self.token_ids),
+                                 sum(e[0] for e in lps) if lps is not None else None, lps,
+                                 self.finish_reason, self.stop_reason)]
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    """vLLM's CompletionOutput fields, for code written against vLLM's offline API."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None   # the sum of the tokens' (raw) logprobs, when asked for
+    logprobs: list | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+
 
 class Request:
     """Engine-side state of one request. Mutated by the scheduler and the detokenizer, and by

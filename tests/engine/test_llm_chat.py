@@ -43,3 +43,12 @@ def test_vllm_dict_prompts(tok_model_dir):
     assert llm.generate({"prompt_token_ids": ids}, sp)[0].token_ids == want[1].token_ids
     with pytest.raises(ValueError, match="exactly one of"):
         llm.generate([{"prompt": "x", "prompt_token_ids": ids}], sp)
+
+
+def test_vllm_style_outputs_view(llama_dir):
+    llm = LLM(llama_dir, device="cpu", dtype="float32")
+    o = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0, logprobs=1, ignore_eos=True))[0]
+    c = o.outputs[0]
+    assert (c.index, c.token_ids, c.finish_reason, c.stop_reason) == (0, o.token_ids, "length", None)
+    assert c.cumulative_logprob == pytest.approx(sum(lp for lp, _ in o.logprobs))
+    assert LLM(llama_dir, device="cpu").generate([[1, 2]], SamplingParams(max_tokens=2))[0].outputs[0].cumulative_logprob is None
