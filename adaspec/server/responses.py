@@ -1,131 +1,39 @@
-"""OpenAI's Responses API (`POST /v1/responses`), served through the chat path: the input
-becomes chat messages (`instructions` first, as a system message), the answer is one assistant
-message of `output_text`, and speculation, sampling and structured output work as for chat.
+"""OpenAI's Responses API (`POST /v1/responses`), served through the chat path
+(`responses_request.to_chat`): speculation, sampling, structured output, tools and the
+reasoning parser work as for chat. The answer is output items: a `reasoning` item (with
+`--reasoning-parser`), a `message` of `output_text`, then one `function_call` per tool call.
 
-    input               a string (one user message) or a list of messages
-                        {"role", "content": str | [{"type": "input_text" | "output_text", "text"}]}
-                        ("type": "message" optional)
-    instructions        a system message before the input
-    max_output_tokens   max_completion_tokens; a cut answer is status "incomplete" with
-                        incomplete_details.reason "max_output_tokens"
-    temperature, top_p, seed, user, metadata (echoed), store (nothing is stored),
-    text.format         {"type": "text" | "json_object"} or {"type": "json_schema", "name", "schema", "strict"}
-    stream              the Responses events: response.created, response.in_progress,
-                        response.output_item.added, response.content_part.added,
-                        response.output_text.delta ..., response.output_text.done,
-                        response.content_part.done, response.output_item.done, then
-                        response.completed (or response.incomplete / response.failed)
+    instructions, input (text, messages, earlier function calls and their outputs), tools,
+    tool_choice, parallel_tool_calls, max_output_tokens (a cut answer is status "incomplete",
+    incomplete_details.reason "max_output_tokens"), temperature, top_p, seed, user, metadata
+    (echoed), store (nothing is stored), text.format ({"type": "text" | "json_object"} or
+    {"type": "json_schema", "name", "schema", "strict"})
+    stream   the Responses events: response.created, response.in_progress, then per item
+             response.output_item.added, its parts' deltas and .done events
+             (response.output_text.delta / .done in a content part for the message,
+             response.function_call_arguments.delta / .done for a call), response.output_item.done;
+             last response.completed (or response.incomplete / response.failed)
 
-Refused by name (a 400): tools and tool calls in the input, previous_response_id and
-conversation (nothing is stored), background, prompt templates, reasoning effort, top_logprobs.
+Refused by name (a 400): previous_response_id and conversation (nothing is stored),
+background, prompt templates, reasoning effort, top_logprobs, tools other than functions.
 """
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator, Literal
+from typing import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import Field, StrictBool, StrictStr, ValidationError
 from starlette.background import BackgroundTask
 
 from adaspec.engine.request import RequestOutput
 from adaspec.server.body import parse_body
-from adaspec.server.protocol import APIError, ChatCompletionRequest, Int64, Number, Seed, _Strict
+from adaspec.server.protocol import APIError
 from adaspec.server.request_stream import EngineError
+from adaspec.server.responses_request import PARAM_NAMES, ResponsesRequest, to_chat
 from adaspec.server.streaming import _SSE_ESCAPES
-
-
-class InputPart(_Strict):
-    type: Literal["input_text", "output_text"]
-    text: StrictStr
-
-
-class InputMessage(_Strict):
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: StrictStr | list[InputPart]
-
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-
-class ResponsesRequest(_Strict):
-    model: StrictStr | None = None
-    input: StrictStr | list[InputMessage] = Field(min_length=1)
-    instructions: StrictStr | None = None
-    max_output_tokens: Int64 | None = None
-    temperature: Number | None = None
-    top_p: Number | None = None
-    seed: Seed | None = None
-    stream: StrictBool = False
-    store: StrictBool = True
-    user: StrictStr | None = None
-    metadata: dict[str, StrictStr] | None = None
-    text: dict[str, Any] | None = None
-    truncation: Literal["disabled", "auto"] = "disabled"
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    parallel_tool_calls: StrictBool = True
-    previous_response_id: StrictStr | None = None
-    conversation: Any = None
-    background: StrictBool = False
-    prompt: Any = None
-    reasoning: dict[str, Any] | None = None
-    top_logprobs: Int64 | None = None
-
-    def unsupported(self) -> tuple[str, str] | None:
-        for field, why in (("tools", "tools are served by /v1/chat/completions"),
-                           ("previous_response_id", "responses are not stored"),
-                           ("conversation", "conversations are not stored"),
-                           ("background", "background responses are not supported"),
-                           ("prompt", "prompt templates are not supported"),
-                           ("top_logprobs", "logprobs are served by /v1/chat/completions")):
-            if getattr(self, field):
-                return field, f"{field} is not supported here: {why}"
-        if self.tool_choice not in (None, "none", "auto"):
-            return "tool_choice", "tool_choice is not supported here: tools are served by /v1/chat/completions"
-        if self.reasoning and self.reasoning.get("effort") is not None:
-            return "reasoning", "reasoning effort is not supported"
-        if self.truncation == "auto":
-            return "truncation", "truncation 'auto' is not supported (a prompt that does not fit is a 400)"
-        return None
-
-
-def _response_format(fmt: dict | None) -> dict | None:
-    """text.format -> chat's response_format."""
-    if not fmt or fmt.get("type", "text") == "text":
-        return None
-    if fmt.get("type") == "json_schema":
-        return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
-    return dict(fmt)
-
-
-_PARAM_NAMES = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format",
-                "messages": "input"}
-
-
-def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat request that serves `req`; APIError naming the Responses field when it fails."""
-    bad = req.unsupported()
-    if bad is not None:
-        raise APIError(bad[1], param=bad[0])
-    messages = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
-    if isinstance(req.input, str):
-        messages.append({"role": "user", "content": req.input})
-    else:
-        messages += [{"role": m.role, "content": m.text()} for m in req.input]
-    body = {"model": req.model, "messages": messages, "max_completion_tokens": req.max_output_tokens,
-            "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed, "user": req.user,
-            "response_format": _response_format((req.text or {}).get("format"))}
-    try:
-        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
-    except ValidationError as e:
-        loc = e.errors()[0]["loc"]
-        field = _PARAM_NAMES.get(str(loc[0]), str(loc[0])) if loc else None
-        raise APIError(f"{field}: {e.errors()[0]['msg']}", param=field) from None
 
 
 def _usage(out: RequestOutput) -> dict:
@@ -134,41 +42,62 @@ def _usage(out: RequestOutput) -> dict:
             "output_tokens": c, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": p + c}
 
 
+def _status(out: RequestOutput | None) -> str:
+    reason = out.finish_reason if out is not None else None
+    return {"stop": "completed", "length": "incomplete"}.get(reason or "", "failed")
+
+
 class ResponseBuilder:
-    """The `response` object at each stage, and the message item inside it."""
+    """The `response` object at each stage, and the output items inside it."""
 
     def __init__(self, req: ResponsesRequest, model: str, role: str):
         self.req, self.model, self.role = req, model, role
         self.id = f"resp_{uuid.uuid4().hex}"
-        self.item_id = f"msg_{uuid.uuid4().hex}"
         self.created = int(time.time())
 
-    def message(self, text: str, status: str) -> dict:
-        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status != "in_progress" \
-            else []
-        return {"type": "message", "id": self.item_id, "status": status, "role": self.role, "content": content}
+    @staticmethod
+    def new_id(prefix: str) -> str:
+        return f"{prefix}_{uuid.uuid4().hex}"
 
-    def response(self, status: str, out: RequestOutput | None = None, error: str | None = None) -> dict:
+    def message(self, item_id: str, text: str | None, status: str) -> dict:
+        content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        return {"type": "message", "id": item_id, "status": status, "role": self.role, "content": content}
+
+    @staticmethod
+    def reasoning(item_id: str, text: str) -> dict:
+        return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}],
+                "status": "completed"}
+
+    @staticmethod
+    def function_call(item_id: str, call: dict, status: str = "completed") -> dict:
+        return {"type": "function_call", "id": item_id, "call_id": call["id"], "name": call["function"]["name"],
+                "arguments": call["function"]["arguments"], "status": status}
+
+    def items(self, message: dict, status: str) -> list[dict]:
+        """The output items of a whole chat message (`ToolOutput.message` / a plain one)."""
+        out = []
+        if message.get("reasoning_content"):
+            out.append(self.reasoning(self.new_id("rs"), message["reasoning_content"]))
+        if message.get("content") or not message.get("tool_calls"):
+            out.append(self.message(self.new_id("msg"), message.get("content") or "",
+                                    "completed" if status == "completed" else "incomplete"))
+        out += [self.function_call(self.new_id("fc"), c) for c in message.get("tool_calls") or []]
+        return out
+
+    def response(self, status: str, out: RequestOutput | None = None, items: list[dict] | None = None,
+                 error: str | None = None) -> dict:
         r = self.req
-        fmt = (r.text or {}).get("format") or {"type": "text"}
-        body = {"id": self.id, "object": "response", "created_at": self.created, "status": status,
+        return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
                 "error": None if error is None else {"code": "server_error", "message": error},
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": r.instructions, "max_output_tokens": r.max_output_tokens, "model": self.model,
-                "output": [], "parallel_tool_calls": r.parallel_tool_calls, "previous_response_id": None,
-                "reasoning": {"effort": None, "summary": None}, "store": False,
-                "temperature": r.temperature, "text": {"format": fmt}, "tool_choice": "auto", "tools": [],
-                "top_p": r.top_p, "truncation": r.truncation, "usage": None, "user": r.user,
-                "metadata": r.metadata or {}}
-        if out is not None:
-            item_status = "completed" if status == "completed" else "incomplete"
-            body["output"] = [self.message(out.text or "", item_status)]
-            body["usage"] = _usage(out)
-        return body
-
-
-def _final_status(out: RequestOutput) -> str:
-    return {"stop": "completed", "length": "incomplete"}.get(out.finish_reason or "", "failed")
+                "output": items or [], "parallel_tool_calls": r.parallel_tool_calls, "previous_response_id": None,
+                "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": r.temperature,
+                "text": {"format": (r.text or {}).get("format") or {"type": "text"}},
+                "tool_choice": r.tool_choice if isinstance(r.tool_choice, str) else
+                (r.tool_choice.model_dump() if r.tool_choice is not None else "auto"),
+                "tools": r.tools or [], "top_p": r.top_p, "truncation": r.truncation,
+                "usage": _usage(out) if out is not None else None, "user": r.user, "metadata": r.metadata or {}}
 
 
 async def responses(serving, body: bytes, raw: Request) -> Response:
@@ -179,22 +108,25 @@ async def responses(serving, body: bytes, raw: Request) -> Response:
         try:
             return req, chat, serving.prepare_chat(chat)
         except APIError as e:   # named as the Responses API names them
-            if e.param in _PARAM_NAMES:
-                old, e.param = e.param, _PARAM_NAMES[e.param]
+            if e.param in PARAM_NAMES:
+                old, e.param = e.param, PARAM_NAMES[e.param]
                 e.message = e.message.replace("max_tokens" if old == "max_completion_tokens" else old, e.param)
             raise
 
     req, chat, prepared = await serving.off_loop(prepare, body)
     build = ResponseBuilder(req, req.model or serving.settings.served_model_name, serving.settings.response_role)
+    reader = serving.tool_outputs(chat, prepared)[0]
     streams = await serving.submit(build.id, prepared)
     if req.stream:
-        return _stream(serving, streams, build)
+        return _stream(serving, streams, build, reader)
     finals = await serving.collect(streams, raw)
     if finals is None:
         return Response(status_code=499)
     out = finals[0]
-    status = _final_status(out)
-    return JSONResponse(build.response(status, out, error="the request was aborted" if status == "failed" else None))
+    status = _status(out)
+    message = reader.message(out)[0] if reader.active else {"content": out.text or ""}
+    return JSONResponse(build.response(status, out, build.items(message, status),
+                                       error="the request was aborted" if status == "failed" else None))
 
 
 def _sse(event: dict) -> str:
@@ -202,43 +134,133 @@ def _sse(event: dict) -> str:
     return f"event: {event['type']}\ndata: {data}\n\n"
 
 
-def _stream(serving, streams, build: ResponseBuilder) -> StreamingResponse:
-    seq = iter(range(1 << 62))
+class _Events:
+    """The stream's events, numbered, with the items it has opened and closed."""
+
+    def __init__(self, build: ResponseBuilder):
+        self.build, self.seq, self.items = build, 0, []
+        self.reasoning = ""
+        self.message: dict | None = None   # the open message item: {"id", "index", "text"}
+        self.calls: dict[int, dict] = {}   # open function_call items by chat tool-call index
+
+    def event(self, kind: str, **fields) -> str:
+        self.seq += 1
+        return _sse({"type": kind, "sequence_number": self.seq - 1, **fields})
+
+    def add_item(self, item: dict) -> list[str]:
+        self.items.append(item)
+        return [self.event("response.output_item.added", output_index=len(self.items) - 1, item=item)]
+
+    def flush_reasoning(self) -> list[str]:
+        """The reasoning so far as one item, before anything else is opened."""
+        if not self.reasoning:
+            return []
+        item = self.build.reasoning(self.build.new_id("rs"), self.reasoning)
+        self.reasoning = ""
+        out = self.add_item(item)
+        return out + [self.event("response.output_item.done", output_index=len(self.items) - 1, item=item)]
+
+    def text(self, delta: str) -> list[str]:
+        out = self.flush_reasoning()
+        if self.message is None:
+            item_id = self.build.new_id("msg")
+            out += self.add_item(self.build.message(item_id, None, "in_progress"))
+            self.message = {"id": item_id, "index": len(self.items) - 1, "text": ""}
+            out.append(self.event("response.content_part.added", **self._at(),
+                                  part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
+        self.message["text"] += delta
+        return out + [self.event("response.output_text.delta", **self._at(), delta=delta, logprobs=[])]
+
+    def _at(self) -> dict:
+        return {"item_id": self.message["id"], "output_index": self.message["index"], "content_index": 0}
+
+    def close_message(self, status: str) -> list[str]:
+        if self.message is None:
+            return []
+        text, at = self.message["text"], self._at()
+        item = self.build.message(self.message["id"], text, status)
+        self.items[self.message["index"]] = item
+        self.message = None
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        return [self.event("response.output_text.done", **at, text=text, logprobs=[]),
+                self.event("response.content_part.done", **at, part=part),
+                self.event("response.output_item.done", output_index=at["output_index"], item=item)]
+
+    def call_delta(self, d: dict) -> list[str]:
+        """A chat tool-call delta: one with an id opens a function_call item (a whole call, or
+        the start of one whose arguments follow, tool_choice naming a function); arguments
+        stream as its argument deltas."""
+        out = []
+        if d.get("id"):
+            out += self.flush_reasoning() + self.close_message("completed")
+            item_id = self.build.new_id("fc")
+            call = {"id": d["id"], "function": {"name": d["function"]["name"], "arguments": ""}}
+            out += self.add_item(self.build.function_call(item_id, call, "in_progress"))
+            self.calls[d.get("index", 0)] = {"item": item_id, "index": len(self.items) - 1, "call": call}
+        open_ = self.calls.get(d.get("index", 0))
+        args = (d.get("function") or {}).get("arguments") or ""
+        if open_ is not None and args:
+            open_["call"]["function"]["arguments"] += args
+            out.append(self.event("response.function_call_arguments.delta", item_id=open_["item"],
+                                  output_index=open_["index"], delta=args))
+        return out
+
+    def close_calls(self) -> list[str]:
+        out = []
+        for c in self.calls.values():
+            done = self.build.function_call(c["item"], c["call"])
+            self.items[c["index"]] = done
+            out += [self.event("response.function_call_arguments.done", item_id=c["item"], output_index=c["index"],
+                               arguments=c["call"]["function"]["arguments"]),
+                    self.event("response.output_item.done", output_index=c["index"], item=done)]
+        self.calls = {}
+        return out
+
+
+def _stream(serving, streams, build: ResponseBuilder, reader) -> StreamingResponse:
+    ev = _Events(build)
     complete = False
 
-    def event(kind: str, **fields) -> str:
-        return _sse({"type": kind, "sequence_number": next(seq), **fields})
+    def from_deltas(deltas: list[dict]) -> list[str]:
+        out = []
+        for d in deltas:
+            ev.reasoning += d.get("reasoning_content") or ""
+            if d.get("content"):
+                out += ev.text(d["content"])
+            for call in d.get("tool_calls") or []:
+                out += ev.call_delta(call)
+        return out
 
     async def body() -> AsyncIterator[str]:
         nonlocal complete
-        at = {"item_id": build.item_id, "output_index": 0, "content_index": 0}
-        yield event("response.created", response=build.response("in_progress"))
-        yield event("response.in_progress", response=build.response("in_progress"))
-        yield event("response.output_item.added", output_index=0, item=build.message("", "in_progress"))
-        yield event("response.content_part.added", **at,
-                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-        text, final = "", None
+        yield ev.event("response.created", response=build.response("in_progress"))
+        yield ev.event("response.in_progress", response=build.response("in_progress"))
+        final = None
         try:
             async for _, out in serving.merge(streams):
-                if out.new_text:
-                    text += out.new_text
-                    yield event("response.output_text.delta", **at, delta=out.new_text, logprobs=[])
+                if reader.active:
+                    deltas = reader.deltas(reader.text(out, out.finished), out.finished)[0]
+                else:
+                    deltas = [{"content": out.new_text}] if out.new_text else []
+                for e in from_deltas(deltas):
+                    yield e
                 if out.finished:
                     final = out
         except EngineError as e:
             serving.metrics.on_rejected("engine_error")
-            yield event("response.failed", response=build.response("failed", error=str(e)))
+            yield ev.event("response.failed", response=build.response("failed", error=str(e)))
             complete = True
             return
-        status = _final_status(final)
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        yield event("response.output_text.done", **at, text=text, logprobs=[])
-        yield event("response.content_part.done", **at, part=part)
-        item_status = "completed" if status == "completed" else "incomplete"
-        yield event("response.output_item.done", output_index=0, item=build.message(text, item_status))
-        done = build.response(status, final, error="the request was aborted" if status == "failed" else None)
-        yield event({"completed": "response.completed", "incomplete": "response.incomplete"}.get(
-            status, "response.failed"), response=done)
+        status = _status(final)
+        if not ev.items and ev.message is None and not ev.reasoning:
+            for e in ev.text(""):   # an empty answer is still one (empty) message
+                yield e
+        for e in ev.flush_reasoning() + ev.close_message("completed" if status == "completed" else "incomplete") + \
+                ev.close_calls():
+            yield e
+        done = build.response(status, final, ev.items, error="the request was aborted" if status == "failed" else None)
+        kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(status, "response.failed")
+        yield ev.event(kind, response=done)
         complete = True
 
     def cleanup() -> None:

@@ -394,12 +394,7 @@ class OpenAIServing:
         def logprobs(ids: list[int], lps) -> dict | None:
             return chat_logprobs(text_of, ids, lps or []) if req.logprobs else None
 
-        mode, name = prepared[0].tools
-        eos = set(getattr(self.aengine, "eos_token_ids", None) or [])
-        schemas = {t.function.name: (t.function.parameters or {}).get("properties") or {} for t in req.tools or []}
-        opened = self.reasoning is not None and opens_reasoning(self.loop_tokenizer, prepared[0].prompt_ids)
-        tools = [ToolOutput(mode, name, self.tool_parser, self.loop_tokenizer, eos, schemas, self.reasoning, opened)
-                 for _ in prepared]
+        tools = self.tool_outputs(req, prepared)
         if req.stream:
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
 
@@ -441,6 +436,15 @@ class OpenAIServing:
             body["prompt_logprobs"] = prompt_logprobs_json(text_of, finals[0].prompt_token_ids,
                                                            finals[0].prompt_logprobs, req.prompt_logprobs)
         return JSONResponse(body)
+
+    def tool_outputs(self, req: ChatCompletionRequest, prepared: list[Prepared]) -> list[ToolOutput]:
+        """Per choice: how its answer is read (tool calls, reasoning; `server/chat_tools.py`)."""
+        mode, name = prepared[0].tools
+        eos = set(getattr(self.aengine, "eos_token_ids", None) or [])
+        schemas = {t.function.name: (t.function.parameters or {}).get("properties") or {} for t in req.tools or []}
+        opened = self.reasoning is not None and opens_reasoning(self.loop_tokenizer, prepared[0].prompt_ids)
+        return [ToolOutput(mode, name, self.tool_parser, self.loop_tokenizer, eos, schemas, self.reasoning, opened)
+                for _ in prepared]
 
     def server_info(self) -> dict:
         """/server_info (`server/info.py`)."""

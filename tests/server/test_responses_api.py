@@ -60,7 +60,7 @@ def test_responses_incomplete_and_json_schema(client):
         assert s.get_final_response().output_text == "".join(deltas) == js.output_text
 
 
-@pytest.mark.parametrize("field,value", [("tools", [{"type": "function", "name": "f"}]),
+@pytest.mark.parametrize("field,value", [("tools", [{"type": "web_search"}]),
                                          ("previous_response_id", "resp_1"), ("background", True),
                                          ("max_output_tokens", 0), ("temperature", -1.0), ("input", []),
                                          ("reasoning", {"effort": "high"}), ("truncation", "auto")])
@@ -69,3 +69,34 @@ def test_responses_refusals_name_the_field(spec_server, field, value):
                    timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     assert "max_tokens" not in r.json()["error"]["message"]
+
+
+TOOLS = [{"type": "function", "name": "get_weather", "description": "the weather in a city",
+          "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+                         "required": ["city"], "additionalProperties": False}}]
+
+
+def test_function_tools_whole_streamed_and_continued(client):
+    """tool_choice naming a function (enforced by a grammar): the answer is one function_call
+    item, streamed as argument deltas; its output fed back as input items continues the turn."""
+    kw = dict(model=MODEL_NAME, input="weather?", tools=TOOLS, max_output_tokens=40, temperature=0,
+              tool_choice={"type": "function", "name": "get_weather"})
+    r = client.responses.create(**kw)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert r.status == "completed" and len(calls) == 1 and calls[0].name == "get_weather"
+    assert json.loads(calls[0].arguments)["city"] in ("Paris", "Oslo")
+    events = list(client.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert args == calls[0].arguments == events[-1].response.output[-1].arguments
+    done = [e for e in events if e.type == "response.output_item.done"]
+    assert done[-1].item.type == "function_call" and done[-1].item.status == "completed"
+    follow = client.responses.create(model=MODEL_NAME, tools=TOOLS, max_output_tokens=6, temperature=0, input=[
+        {"role": "user", "content": "weather?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": calls[0].arguments},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}])
+    assert follow.usage.input_tokens > r.usage.input_tokens and follow.output[0].type == "message"
+    required = client.responses.create(model=MODEL_NAME, input="weather?", tools=TOOLS, tool_choice="required",
+                                       parallel_tool_calls=False, max_output_tokens=60, temperature=0)
+    assert [o.type for o in required.output if o.type == "function_call"] and required.status == "completed"
