@@ -112,22 +112,24 @@ def _history_tail(pb: PenaltyBatch, tokens: torch.Tensor, anc: torch.Tensor, rec
                   recent_count: torch.Tensor) -> torch.Tensor:
     """[P, N, M] the last M tokens of each node's history (-1 where the history is shorter):
     the host-known output `pb.tail`, then the in-flight step's `recent` tokens (where
-    `pb.pending`), then the draft tokens on the node's path from the root, itself included."""
+    `pb.pending`), then the draft tokens on the node's path from the root, itself included.
+    Column m holds the (M - m)-th token from the end; all columns at once, a fixed number of
+    operations however long the words are."""
     P, N = tokens.shape
     M = pb.tail.shape[1]
-    depth = anc.sum(2)                                          # [P, N] drafts on the path
-    rc = (recent_count * pb.pending).unsqueeze(1)               # [P, 1]
-    cols = []
-    for f in range(M, 0, -1):                                   # f-th token from the end
-        # On the path: the ancestor whose depth is depth_i - f + 1.
-        on = anc & (depth.unsqueeze(1) == (depth - f + 1).unsqueeze(2))            # [P, N, N]
-        from_path = (on.long() * tokens.unsqueeze(1)).sum(2)
-        g = f - depth                                            # [P, N] from the end before the path
-        from_recent = recent.gather(1, (rc - g).clamp(0, recent.shape[1] - 1))
-        from_tail = pb.tail.gather(1, (M - (g - rc)).clamp(0, M - 1))
-        from_tail = torch.where(M - (g - rc) >= 0, from_tail, torch.full_like(from_tail, -1))
-        cols.append(torch.where(g <= 0, from_path, torch.where(g <= rc, from_recent, from_tail)))
-    return torch.stack(cols, dim=2)
+    f = torch.arange(M, 0, -1, device=tokens.device).view(1, 1, M)         # f-th token from the end
+    depth = anc.sum(2)                                                      # [P, N] drafts on the path
+    rc = (recent_count * pb.pending).view(P, 1, 1)                          # in-flight tokens counted
+    # On the path: the ancestor k of node i whose depth is depth_i - f + 1.
+    want = depth.unsqueeze(2) - f + 1                                       # [P, N, M]
+    on = anc.unsqueeze(3) & (depth.view(P, 1, N, 1) == want.unsqueeze(2))   # [P, N, N(k), M]
+    from_path = (on.long() * tokens.view(P, 1, N, 1)).sum(2)                # [P, N, M]
+    g = f - depth.unsqueeze(2)                                              # from the end before the path
+    from_recent = recent.gather(1, (rc - g).clamp(0, recent.shape[1] - 1).view(P, -1)).view(P, N, M)
+    ti = M - (g - rc)                                                       # index into the host tail
+    from_tail = pb.tail.gather(1, ti.clamp(0, max(M - 1, 0)).view(P, -1)).view(P, N, M)
+    from_tail = torch.where(ti >= 0, from_tail, torch.full_like(from_tail, -1))
+    return torch.where(g <= 0, from_path, torch.where(g <= rc, from_recent, from_tail))
 
 
 def _ban_bad_words(logits: torch.Tensor, pb: PenaltyBatch, tokens: torch.Tensor, anc: torch.Tensor,

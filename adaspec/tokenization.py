@@ -43,16 +43,23 @@ def tokenize(tokenizer, prompt: str | list[int]) -> list[int]:
     return list(prompt)
 
 
+MAX_BAD_WORD_TOKENS = 64   # a verify step checks every word's tokens at every node: bounded
+
+
 def bad_word_ids(tokenizer, words: list[str]) -> list[tuple[int, ...]]:
     """The token sequences `SamplingParams.bad_words` bans: each word as the model writes it
     at the start of the text and after a space (its leading spaces dropped first), without
-    special tokens; a spelling that is the same sequence counts once."""
+    special tokens; a spelling that is the same sequence counts once. ValueError for a word
+    of more than MAX_BAD_WORD_TOKENS tokens."""
     if tokenizer is None:
         raise ValueError("bad_words need the model's tokenizer")
     out: list[tuple[int, ...]] = []
     for word in words:
         for text in (word.lstrip(), " " + word.lstrip()):
             ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+            if len(ids) > MAX_BAD_WORD_TOKENS:
+                raise ValueError(f"bad_words: {word[:40]!r} is {len(ids)} tokens, more than the limit of "
+                                 f"{MAX_BAD_WORD_TOKENS}")
             if ids and ids not in out:
                 out.append(ids)
     return out

@@ -67,8 +67,8 @@ def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vo
                          f"model's context of {max_model_len} tokens")
     if params.stop and tokenizer is None:
         raise ValueError("stop strings need a tokenizer; use stop_token_ids")
-    if params.bad_words and tokenizer is None:
-        raise ValueError("bad_words need the model's tokenizer")
+    if params.bad_words:
+        bad_word_ids(tokenizer, params.bad_words)   # (raises for a missing tokenizer or a word too long)
     return ids
 
 

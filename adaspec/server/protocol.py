@@ -96,7 +96,7 @@ class _SamplingFields(_Strict):
     spaces_between_special_tokens: StrictBool = True
     truncate_prompt_tokens: Int64 | None = None
     allowed_token_ids: Annotated[list[Int64], Field(max_length=1 << 20)] | None = None
-    bad_words: Annotated[list[StrictStr], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    bad_words: Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     prompt_logprobs: Int64 | None = None
     return_tokens_as_token_ids: StrictBool | None = None   # None: the server's --return-tokens-as-token-ids
     add_special_tokens: StrictBool | None = None   # completions: true; chat: false (the template writes them)

@@ -34,7 +34,7 @@ class Prepared:
 
 def param_of(err: ValueError, default: str | None = None) -> str | None:
     """SamplingParams' messages start with the field name; use it as the OpenAI `param`."""
-    first = str(err).split(" ", 1)[0]
+    first = str(err).split(" ", 1)[0].rstrip(":")
     return first if first in SAMPLING_FIELDS else default
 
 

@@ -170,3 +170,11 @@ def test_detokenize_off_gives_token_ids_only(llms, plain):
     assert all(o.text is None for o in out)
     with pytest.raises(ValueError, match="detokenize=False cannot be combined with stop"):
         SamplingParams(detokenize=False, stop=["x"])
+
+
+def test_a_bad_word_too_long_is_refused(llms):
+    from adaspec.tokenization import MAX_BAD_WORD_TOKENS
+
+    word = " ".join(f"w{i}" for i in range(MAX_BAD_WORD_TOKENS))
+    with pytest.raises(ValueError, match="bad_words: .* tokens, more than the limit"):
+        llms["off"].generate(PROMPTS[0], SamplingParams(bad_words=[word]))

@@ -215,3 +215,9 @@ def test_echo_of_a_truncated_prompt_is_what_the_model_saw(url, tokenizer):
                     "truncate_prompt_tokens": 4, "return_token_ids": True})["choices"][0]
     assert c["prompt_token_ids"] == ids[-4:]
     assert c["text"].startswith(tokenizer.decode(ids[-4:])) and not c["text"].startswith(PROMPT)
+
+
+def test_a_bad_word_too_long_names_the_field(url):
+    r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2,
+                                                  "bad_words": [" ".join(["fox"] * 100)]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "bad_words", r.text
