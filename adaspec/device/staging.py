@@ -106,6 +106,10 @@ class Staging:
         el = start // size
         return self.typed[dtype][el: el + n].reshape(shape), _Ref(self, start, n, dtype, shape)
 
+    def room(self) -> int:
+        """Bytes still free in this step's buffer."""
+        return self.nbytes - align16(self.offset)
+
     def add(self, array, dtype: torch.dtype) -> "_Ref":
         """Stage `array` (anything numpy accepts) as `dtype`; returns a handle whose `.t` is the
         device tensor after `commit()`."""

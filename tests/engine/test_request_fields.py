@@ -178,3 +178,31 @@ def test_a_bad_word_too_long_is_refused(llms):
     word = " ".join(f"w{i}" for i in range(MAX_BAD_WORD_TOKENS))
     with pytest.raises(ValueError, match="bad_words: .* tokens, more than the limit"):
         llms["off"].generate(PROMPTS[0], SamplingParams(bad_words=[word]))
+
+
+def test_penalty_histories_beyond_the_staging_buffer(llms, monkeypatch):
+    """Histories that do not fit the step's staging buffer (many penalized requests with long
+    prompts) are copied on their own: the same output, where the step used to fail."""
+    import random
+
+    from adaspec.device import staging
+
+    def prompts(seed):
+        rng = random.Random(seed)
+        return [[rng.randrange(3, 8000) for _ in range(600)] for _ in range(4)]
+
+    sp = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, repetition_penalty=1.3,
+                        allowed_token_ids=list(range(6000)), bad_words=["return"])
+    want = [o.token_ids for o in llms["off"].generate(prompts(2), sp)]
+    stg = llms["chain4"].engine.runner.stg
+    used = []
+    commit = staging.Staging.commit
+    monkeypatch.setattr(staging.Staging, "commit",
+                        lambda self: (used.append(self.offset) if self is stg else None, commit(self))[1])
+    llms["chain4"].generate(prompts(1), SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    monkeypatch.setattr(staging.Staging, "commit", commit)   # (what the steps themselves stage: max(used))
+    full, stg.nbytes = stg.nbytes, max(used) + (1 << 17)   # room for them, not for ~0.5 MB of histories
+    try:
+        assert [o.token_ids for o in llms["chain4"].generate(prompts(2), sp)] == want
+    finally:
+        stg.nbytes = full
