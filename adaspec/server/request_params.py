@@ -108,7 +108,10 @@ def request_ids(prefix: str, req, headers) -> tuple[str, str]:
     """(the response's id, the engine's id for the request). vLLM's order: the X-Request-Id
     header, the body's `request_id`, a random one. A client's id need not be unique on this
     server, so the engine's gets a random suffix."""
-    given = headers.get("x-request-id") or req.request_id
+    header = headers.get("x-request-id")
+    if header is not None and (len(header) > 256 or not header.isprintable()):
+        header = None   # (as the X-Request-Id middleware: only a plain, short token is taken)
+    given = header or req.request_id
     rid = f"{prefix}-{given or uuid.uuid4().hex}"
     return rid, rid if given is None else f"{rid}-{uuid.uuid4().hex[:12]}"
 
