@@ -25,6 +25,15 @@ def reference(logits, prompt, history, pres, freq, rep, bias, min_tokens, stops)
     return lg
 
 
+def node_path(tokens, parents, i: int) -> list[int]:
+    """The draft tokens from the root to node i (itself included), by following parents."""
+    path = []
+    while i > 0:
+        path.insert(0, int(tokens[i]))
+        i = int(parents[i])
+    return path
+
+
 def pairs(rows_tokens):
     return torch.tensor(rows_tokens, dtype=torch.long).reshape(-1, 2).T
 
@@ -62,10 +71,7 @@ def test_nodes_count_their_path():
         for b in range(2):
             base = out[b] + (recent[b, :rcount[b]].tolist() if pending[b] else [])
             for i in range(N):
-                path, k = [], i
-                while k > 0:
-                    path.insert(0, int(tokens[b, k]))
-                    k = int(par[b, k])
+                path = node_path(tokens[b], par[b], i)
                 want = reference(logits[b, i], prompt[b], base + path, pres[b], freq[b], rep[b], bias[b],
                                  min_tokens[b], stops[b])
                 assert torch.allclose(got[b, i], want, atol=1e-5), (parents is None, b, i, got[b, i], want)
@@ -131,10 +137,7 @@ def test_bad_words_and_allowed_ids_at_every_node():
         for b in range(2):
             base = out[b] + (recent[b, :rcount[b]].tolist() if pending[b] else [])
             for i in range(N):
-                path, k = [], i
-                while k > 0:
-                    path.insert(0, int(tokens[b, k]))
-                    k = int(par[b, k])
+                path = node_path(tokens[b], par[b], i)
                 hist = base + path
                 want = logits[b, i].clone()
                 if allowed[b] is not None:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, StrictBool, StrictStr, ValidationError
 
-from adaspec.server.protocol import APIError, ChatCompletionRequest, Int64, Number, Seed, _Strict
+from adaspec.server.protocol import APIError, ChatCompletionRequest, FunctionDef, Int64, Number, Seed, _Strict
 
 
 class InputPart(_Strict):
@@ -53,12 +53,10 @@ class FunctionCallOutputItem(_Strict):
 InputItem = Annotated[Union[FunctionCallItem, FunctionCallOutputItem, InputMessage], Field(union_mode="left_to_right")]
 
 
-class FunctionTool(_Strict):
+class FunctionTool(FunctionDef):
+    """A Responses function tool: chat's function definition, flat, with its type."""
+
     type: Literal["function"]
-    name: Annotated[StrictStr, Field(min_length=1, max_length=256)]
-    description: StrictStr | None = None
-    parameters: dict[str, Any] | None = None
-    strict: StrictBool | None = None
 
 
 class NamedChoice(_Strict):
