@@ -34,6 +34,16 @@ def node_path(tokens, parents, i: int) -> list[int]:
     return path
 
 
+def node_histories(tokens, parents, out, recent, rcount, pending):
+    """(request, node, the node's whole history) for every node: the host output, the in-flight
+    step's tokens where pending, then the draft path (`parents` None: chains)."""
+    par = torch.arange(-1, tokens.shape[1] - 1).expand_as(tokens) if parents is None else parents
+    for b in range(tokens.shape[0]):
+        base = out[b] + (recent[b, :rcount[b]].tolist() if pending[b] else [])
+        for i in range(tokens.shape[1]):
+            yield b, i, base + node_path(tokens[b], par[b], i)
+
+
 def pairs(rows_tokens):
     return torch.tensor(rows_tokens, dtype=torch.long).reshape(-1, 2).T
 
@@ -61,20 +71,11 @@ def test_nodes_count_their_path():
         prompt=pairs([(j, t) for j, p in enumerate(prompt) for t in set(p)]),
         bias=pairs([(0, 2)]), bias_val=torch.tensor([1.5]), stops=pairs([(1, 9), (1, 1)]),
         use_repetition=True, use_min_tokens=True)
-    for parents in (parents_tree, None):
-        if parents is None:      # the same tokens as two chains
-            par = torch.arange(-1, N - 1).expand(2, N)
-        else:
-            par = parents
-        anc = path_matrix(parents, 2, N, 4, logits.device)
-        got = apply_penalties(logits, pb, tokens, anc, recent, rcount)
-        for b in range(2):
-            base = out[b] + (recent[b, :rcount[b]].tolist() if pending[b] else [])
-            for i in range(N):
-                path = node_path(tokens[b], par[b], i)
-                want = reference(logits[b, i], prompt[b], base + path, pres[b], freq[b], rep[b], bias[b],
-                                 min_tokens[b], stops[b])
-                assert torch.allclose(got[b, i], want, atol=1e-5), (parents is None, b, i, got[b, i], want)
+    for parents in (parents_tree, None):   # a tree, then the same tokens as two chains
+        got = apply_penalties(logits, pb, tokens, path_matrix(parents, 2, N, 4, logits.device), recent, rcount)
+        for b, i, hist in node_histories(tokens, parents, out, recent, rcount, pending):
+            want = reference(logits[b, i], prompt[b], hist, pres[b], freq[b], rep[b], bias[b], min_tokens[b], stops[b])
+            assert torch.allclose(got[b, i], want, atol=1e-5), (parents is None, b, i, got[b, i], want)
     assert torch.isinf(got[1, 0, 9]) and not torch.isinf(got[1, 4, 9])   # min_tokens lifts along the path
 
 
@@ -130,21 +131,15 @@ def test_bad_words_and_allowed_ids_at_every_node():
         bad_row=torch.tensor(rows), bad_prefix=torch.tensor(prefix), bad_last=torch.tensor(last), tail=tail)
     logits = torch.randn(2, N, V)
     banned_somewhere = False
-    for parents in (parents_tree, None):
-        par = torch.arange(-1, N - 1).expand(2, N) if parents is None else parents
-        anc = path_matrix(parents, 2, N, 4, logits.device)
-        got = apply_penalties(logits, pb, tokens, anc, recent, rcount)
-        for b in range(2):
-            base = out[b] + (recent[b, :rcount[b]].tolist() if pending[b] else [])
-            for i in range(N):
-                path = node_path(tokens[b], par[b], i)
-                hist = base + path
-                want = logits[b, i].clone()
-                if allowed[b] is not None:
-                    want[[t for t in range(V) if t not in allowed[b]]] = float("-inf")
-                for w in words[b]:
-                    if len(w) == 1 or tuple(hist[-(len(w) - 1):]) == w[:-1]:
-                        want[w[-1]] = float("-inf")
-                        banned_somewhere |= len(w) > 1
-                assert torch.equal(got[b, i], want), (parents is None, b, i, hist)
+    for parents in (parents_tree, None):   # a tree, then the same tokens as two chains
+        got = apply_penalties(logits, pb, tokens, path_matrix(parents, 2, N, 4, logits.device), recent, rcount)
+        for b, i, hist in node_histories(tokens, parents, out, recent, rcount, pending):
+            want = logits[b, i].clone()
+            if allowed[b] is not None:
+                want[[t for t in range(V) if t not in allowed[b]]] = float("-inf")
+            for w in words[b]:
+                if len(w) == 1 or tuple(hist[-(len(w) - 1):]) == w[:-1]:
+                    want[w[-1]] = float("-inf")
+                    banned_somewhere |= len(w) > 1
+            assert torch.equal(got[b, i], want), (parents is None, b, i, hist)
     assert banned_somewhere
