@@ -28,10 +28,7 @@ class LLM:
     MAX_STALLED_STEPS = 100
 
     def __init__(self, model: str, **kwargs):
-        # vLLM scripts pass trust_remote_code=True; adaspec implements each architecture itself
-        # and never runs a checkpoint's code, so it changes nothing.
-        if not isinstance(kwargs.pop("trust_remote_code", False), bool):
-            raise TypeError("trust_remote_code must be true or false")
+        _take_vllm_keywords(kwargs)
         # Offline, throughput is the figure: next to decode rows, prefill takes the step's whole
         # budget unless `long_prefill_token_threshold` says otherwise. (The server paces prefill
         # by measurement to keep streams' inter-token latency, engine/prefill_pacer.py. Offline,
@@ -139,3 +136,25 @@ def _prompt_of(p):
     if len(keys) != 1 or set(p) - {"prompt", "prompt_token_ids", "multi_modal_data"} or p.get("multi_modal_data"):
         raise ValueError(f"a dict prompt holds exactly one of 'prompt' (text) or 'prompt_token_ids', got {sorted(p)}")
     return p[keys.pop()]
+
+
+# vLLM's LLM(...) keywords that scripts pass, accepted where adaspec already behaves as they ask:
+# name -> (whether a value is fine, what adaspec does instead).
+_VLLM_KEYWORDS = {
+    "trust_remote_code": (lambda v: isinstance(v, bool), "adaspec implements each architecture and runs no checkpoint code"),
+    "disable_log_stats": (lambda v: isinstance(v, bool), "LLM logs no periodic stats"),
+    "swap_space": (lambda v: isinstance(v, (int, float)) and v >= 0, "preempted requests are recomputed, not swapped"),
+    "quantization": (lambda v: v is None, "quantized checkpoints are not supported"),
+    "revision": (lambda v: v is None, "models load from local directories only"),
+    "enable_chunked_prefill": (lambda v: v in (None, True), "prefill is always chunked"),
+    "kv_cache_dtype": (lambda v: v in (None, "auto"), "the KV cache is kept in the model's dtype"),
+    "tokenizer_mode": (lambda v: v in (None, "auto"), "the tokenizer is transformers' AutoTokenizer"),
+    "max_logprobs": (lambda v: isinstance(v, int) and 0 <= v <= 20, "a request asks for at most 20 alternatives"),
+}
+
+
+def _take_vllm_keywords(kwargs: dict) -> None:
+    """Remove vLLM's keywords from `kwargs`; ValueError for a value adaspec cannot honour."""
+    for name, (ok, instead) in _VLLM_KEYWORDS.items():
+        if name in kwargs and not ok(kwargs.pop(name)):
+            raise ValueError(f"{name}: this value is not supported ({instead})")

@@ -27,10 +27,14 @@ def test_llm_chat_equals_generate_on_the_template(tok_model_dir, tok_head_dir):
         llm.chat(one, sp, continue_final_message=True)
 
 
-def test_vllm_keyword_trust_remote_code_is_accepted(llama_dir):
-    assert LLM(llama_dir, device="cpu", trust_remote_code=True).generate([[1, 2, 3]], SamplingParams(max_tokens=2))
-    with pytest.raises(TypeError, match="trust_remote_code"):
-        LLM(llama_dir, device="cpu", trust_remote_code="yes")
+def test_vllm_keywords_accepted_or_refused_by_name(llama_dir):
+    llm = LLM(llama_dir, device="cpu", trust_remote_code=True, disable_log_stats=True, swap_space=4, quantization=None,
+              revision=None, enable_chunked_prefill=True, kv_cache_dtype="auto", tokenizer_mode="auto", max_logprobs=20)
+    assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
+    for bad in (dict(trust_remote_code="yes"), dict(quantization="awq"), dict(revision="main"),
+                dict(enable_chunked_prefill=False), dict(kv_cache_dtype="fp8"), dict(max_logprobs=50)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            LLM(llama_dir, device="cpu", **bad)
 
 
 def test_vllm_dict_prompts(tok_model_dir):
