@@ -4,6 +4,7 @@ incomplete answers, a JSON schema enforced, and what is refused by name."""
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import httpx
 import openai
@@ -100,3 +101,34 @@ def test_function_tools_whole_streamed_and_continued(client):
     required = client.responses.create(model=MODEL_NAME, input="weather?", tools=TOOLS, tool_choice="required",
                                        parallel_tool_calls=False, max_output_tokens=60, temperature=0)
     assert [o.type for o in required.output if o.type == "function_call"] and required.status == "completed"
+
+
+def test_langchain_over_the_responses_api(spec_server):
+    """LangChain's ChatOpenAI with use_responses_api: text, streaming, a forced tool call (whole
+    and streamed) and with_structured_output."""
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel
+
+    def llm(**kw):
+        return ChatOpenAI(model=MODEL_NAME, base_url=spec_server.url + "/v1", api_key="none", use_responses_api=True,
+                          temperature=0, max_retries=0, **kw)
+
+    assert isinstance(llm(max_tokens=6).invoke("hi").content, (str, list))
+    assert len(list(llm(max_tokens=6).stream("hi"))) > 1
+
+    def get_weather(city: Literal["Paris", "Oslo"]) -> str:
+        """The weather in a city."""
+        return "sunny"
+
+    bound = llm(max_tokens=40).bind_tools([get_weather], tool_choice="get_weather")
+    calls = bound.invoke("weather?").tool_calls
+    assert [c["name"] for c in calls] == ["get_weather"] and calls[0]["args"]["city"] in ("Paris", "Oslo")
+    merged = None
+    for chunk in bound.stream("weather?"):
+        merged = chunk if merged is None else merged + chunk
+    assert [c["name"] for c in merged.tool_calls] == ["get_weather"]
+
+    class Pick(BaseModel):
+        choice: Literal["x", "y"]
+
+    assert llm(max_tokens=40).with_structured_output(Pick, method="json_schema").invoke("pick").choice in ("x", "y")
