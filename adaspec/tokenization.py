@@ -43,6 +43,16 @@ def tokenize(tokenizer, prompt: str | list[int]) -> list[int]:
     return list(prompt)
 
 
+def truncate_prompt(ids: list[int], k: int | None, max_model_len: int) -> list[int]:
+    """`truncate_prompt_tokens` = k: the prompt's last k tokens (-1: as many as the context
+    holds with one left to generate; None: all)."""
+    if k is None:
+        return ids
+    if k < 1 and k != -1:
+        raise ValueError(f"truncate_prompt_tokens must be -1 (the context's limit) or an integer >= 1, got {k}")
+    return ids[-(max_model_len - 1 if k == -1 else k):]
+
+
 MAX_BAD_WORD_TOKENS = 64   # a verify step checks every word's tokens at every node: bounded
 
 
@@ -65,8 +75,8 @@ def bad_word_ids(tokenizer, words: list[str]) -> list[tuple[int, ...]]:
     return out
 
 
-def encode_text(tokenizer, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=True))
+def encode_text(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
 def has_chat_template(tokenizer) -> bool:

@@ -35,7 +35,7 @@ from adaspec.engine.step_clock import StepClock
 from adaspec.models.registry import generation_defaults
 from adaspec.sampling import SamplingParams, random_seed
 from adaspec.spec_decode.policy import StepFeedback, make_policy
-from adaspec.tokenization import bad_word_ids, load_tokenizer, tokenize
+from adaspec.tokenization import bad_word_ids, load_tokenizer, tokenize, truncate_prompt
 
 log = logging.getLogger("adaspec")
 
@@ -49,9 +49,7 @@ def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vo
     ids = tokenize(tokenizer, prompt)
     if not ids:
         raise ValueError("prompt is empty")
-    if params.truncate_prompt_tokens is not None:   # left truncation: the prompt's last k tokens
-        k = params.truncate_prompt_tokens
-        ids = ids[-(max_model_len - 1 if k == -1 else k):]
+    ids = truncate_prompt(ids, params.truncate_prompt_tokens, max_model_len)
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"token id {bad[0]} out of range [0, {vocab_size})")

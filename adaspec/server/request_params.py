@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from adaspec.sampling import SamplingParams
 from adaspec.server.info import BUILTIN_SAMPLING_DEFAULTS
 from adaspec.server.protocol import APIError, ChatCompletionRequest
+from adaspec.tokenization import truncate_prompt
 
 logger = logging.getLogger("adaspec.server")
 
@@ -46,12 +47,10 @@ def prepare_choices(aengine, req, prompt_ids: list[int], default_max_tokens: int
     limit = aengine.max_model_len
     if not prompt_ids:
         raise APIError("the prompt is empty", param=param)
-    k = req.truncate_prompt_tokens
-    if k is not None:   # left truncation (the engine keeps the ids it is given)
-        if k < 1 and k != -1:
-            raise APIError(f"truncate_prompt_tokens must be -1 (the context's limit) or an integer >= 1, got {k}",
-                           param="truncate_prompt_tokens")
-        prompt_ids = prompt_ids[-(limit - 1 if k == -1 else k):]
+    try:   # (before the length checks below; the engine's own check then finds nothing to cut)
+        prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, limit)
+    except ValueError as e:
+        raise APIError(str(e), param="truncate_prompt_tokens") from None
     if len(prompt_ids) >= limit:
         raise APIError(f"the prompt has {len(prompt_ids)} tokens, but the context limit is {limit} "
                        f"tokens and at least one must be left for the completion", param=param,

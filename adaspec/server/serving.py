@@ -140,9 +140,7 @@ class OpenAIServing:
     def _encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
         if self.tokenizer is None:
             raise APIError("this model has no tokenizer: send the prompt as token ids", param=param)
-        if not add_special_tokens:
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
-        return encode_text(self.tokenizer, text)
+        return encode_text(self.tokenizer, text, add_special_tokens)
 
     def prepare_completion(self, req: CompletionRequest) -> list[Prepared]:
         self._check_common(req)
