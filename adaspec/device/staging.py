@@ -106,9 +106,14 @@ class Staging:
         el = start // size
         return self.typed[dtype][el: el + n].reshape(shape), _Ref(self, start, n, dtype, shape)
 
-    def room(self) -> int:
-        """Bytes still free in this step's buffer."""
-        return self.nbytes - align16(self.offset)
+    def add_eager(self, array, dtype: torch.dtype, keep_free: int = 1 << 16):
+        """`add`, for a field only eager code reads (no graph replays it from the buffer): one
+        that would leave less than `keep_free` bytes for the step's later fields is copied to
+        the device on its own instead. Returns a handle with `.t` either way."""
+        a = np.asarray(array, dtype=_NP_DTYPE[dtype])
+        if align16(self.offset) + a.nbytes + keep_free <= self.nbytes:
+            return self.add(a, dtype)
+        return _Copied(torch.from_numpy(a).to(self.dev.device))
 
     def add(self, array, dtype: torch.dtype) -> "_Ref":
         """Stage `array` (anything numpy accepts) as `dtype`; returns a handle whose `.t` is the
@@ -140,6 +145,15 @@ class Staging:
 
 
 _ELEMENT_SIZE = {torch.int64: 8, torch.int32: 4, torch.uint8: 1, torch.float32: 4}
+
+
+class _Copied:
+    """A field copied to the device on its own (`Staging.add_eager`)."""
+
+    __slots__ = ("t",)
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
 
 
 class _Ref:

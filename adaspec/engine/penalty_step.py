@@ -99,33 +99,11 @@ def stage_penalties(stg: Staging, reqs: list) -> StagedPenalties | None:
     width = max((len(w) - 1 for _, w in words), default=0)
     if words:
         host.update(_bad_words(words, width, [reqs[k] for k in rows]))
-    refs = {k: _stage_or_copy(stg, v, dt) for k, (v, dt) in host.items()}
+    # (eager: a post-forward with penalties runs no graph. The histories of many penalized
+    # requests with long prompts outgrew the buffer, which is sized for a step's metadata, and
+    # the step failed for every request in it.)
+    refs = {k: stg.add_eager(v, dt) for k, (v, dt) in host.items()}
     return StagedPenalties(refs, any(p.repetition_penalty != 1 for p in ps), any(p.min_tokens for p in ps))
-
-
-@dataclass
-class _Copied:
-    """A penalty array that did not fit the step's staging buffer, copied on its own (`.t`)."""
-
-    t: torch.Tensor
-
-
-# What the step's later fields may still need of the staging buffer after the penalty arrays.
-_KEEP_FREE = 1 << 16
-
-
-def _stage_or_copy(stg: Staging, value, dtype: torch.dtype):
-    """Stage `value` with the step's one copy, or, when the buffer (sized for a step's metadata)
-    cannot hold it, copy it by itself: the histories of many penalized requests with long
-    prompts (repetition_penalty counts prompt tokens) outgrew the buffer, and the step failed
-    for every request in it."""
-    a = np.asarray(value, dtype=_NP_DTYPES[dtype])
-    if a.nbytes + _KEEP_FREE <= stg.room():
-        return stg.add(a, dtype)
-    return _Copied(torch.from_numpy(a).to(stg.dev.device))
-
-
-_NP_DTYPES = {torch.int64: np.int64, torch.float32: np.float32, torch.uint8: np.uint8}
 
 
 def _bad_words(words: list[tuple[int, tuple]], width: int, reqs: list) -> dict:
