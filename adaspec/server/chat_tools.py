@@ -155,10 +155,9 @@ class ToolOutput:
 
     def _content_deltas(self, text: str, finished: bool) -> tuple[list[dict], bool]:
         if self.mode == "none":
-            if len(text) > self.sent:
-                self.sent, new = len(text), text[self.sent:]
-                return [{"content": new}], False
-            return [], False
+            new = text[self.sent:]
+            self.sent = len(text)
+            return ([{"content": new}] if new else []), False
         if self.mode == "named":
             out = []
             if not self.named_started:

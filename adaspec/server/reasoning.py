@@ -17,15 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from adaspec.server.tool_parsers import partial_suffix
+
 START, END = "<think>", "</think>"
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Characters at the end of `text` that could be the start of `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 @dataclass(frozen=True)
@@ -46,7 +40,7 @@ class ReasoningParser:
         end = body.find(END)
         if end >= 0:
             return body[:end].strip(), body[end + len(END):].lstrip("\n")
-        hold = 0 if finished else _partial_suffix(body, END)
+        hold = 0 if finished else partial_suffix(body, END)
         return body[:len(body) - hold].strip(), ""
 
 

@@ -19,7 +19,6 @@ background, prompt templates, reasoning effort, top_logprobs, tools other than f
 """
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import AsyncIterator
@@ -33,7 +32,7 @@ from adaspec.server.body import parse_body
 from adaspec.server.protocol import APIError
 from adaspec.server.request_stream import EngineError
 from adaspec.server.responses_request import PARAM_NAMES, ResponsesRequest, to_chat
-from adaspec.server.streaming import _SSE_ESCAPES
+from adaspec.server.streaming import sse
 
 
 def _usage(out: RequestOutput) -> dict:
@@ -130,8 +129,8 @@ async def responses(serving, body: bytes, raw: Request) -> Response:
 
 
 def _sse(event: dict) -> str:
-    data = json.dumps(event, ensure_ascii=False, separators=(",", ":")).translate(_SSE_ESCAPES)
-    return f"event: {event['type']}\ndata: {data}\n\n"
+    """A Responses event: chat's SSE data line, named by its type."""
+    return f"event: {event['type']}\n" + sse(event)
 
 
 class _Events:

@@ -52,6 +52,14 @@ def _call(obj, args_key: str) -> ParsedCall | None:
     return ParsedCall(obj["name"], json.dumps(args, ensure_ascii=False))
 
 
+def partial_suffix(text: str, tag: str) -> int:
+    """Characters at the end of `text` that could be the start of `tag` (held back by a stream)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
 class ToolParser(abc.ABC):
     """One model family's tool-call format: `marker` opens a call in the output text."""
 
@@ -69,10 +77,7 @@ class ToolParser(abc.ABC):
 
     def could_start(self, text: str) -> int:
         """Characters at the end of `text` that could be the start of the marker."""
-        for n in range(min(len(self.marker) - 1, len(text)), 0, -1):
-            if self.marker.startswith(text[-n:]):
-                return n
-        return 0
+        return partial_suffix(text, self.marker)
 
 
 class HermesParser(ToolParser):
