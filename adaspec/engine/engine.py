@@ -40,9 +40,10 @@ from adaspec.tokenization import bad_word_ids, load_tokenizer, tokenize, truncat
 log = logging.getLogger("adaspec")
 
 def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vocab_size: int,
-                  max_model_len: int) -> list[int]:
-    """A request's prompt token ids, or a ValueError saying what is wrong with the request.
-    (Pure: the server's engine process front runs the same checks before sending it on.)"""
+                  max_model_len: int) -> tuple[list[int], list[tuple[int, ...]]]:
+    """(a request's prompt token ids, its bad words' token sequences), or a ValueError saying
+    what is wrong with the request. (Pure: the server's engine process front runs the same
+    checks before sending it on.)"""
     if not isinstance(params, SamplingParams):
         raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
     params.validate()
@@ -65,9 +66,7 @@ def check_request(prompt: str | list[int], params: SamplingParams, tokenizer, vo
                          f"model's context of {max_model_len} tokens")
     if params.stop and tokenizer is None:
         raise ValueError("stop strings need a tokenizer; use stop_token_ids")
-    if params.bad_words:
-        bad_word_ids(tokenizer, params.bad_words)   # (raises for a missing tokenizer or a word too long)
-    return ids
+    return ids, (bad_word_ids(tokenizer, params.bad_words) if params.bad_words else [])
 
 
 class Engine:
@@ -194,15 +193,14 @@ class Engine:
         """Validate and queue a request. Raises ValueError saying what is wrong."""
         if params.n != 1:
             raise ValueError(f"n={params.n}: add each choice as its own request (SamplingParams.choices())")
-        ids = check_request(prompt, params, self.tokenizer, self.vocab_size, self.max_model_len)
+        ids, bad_words = check_request(prompt, params, self.tokenizer, self.vocab_size, self.max_model_len)
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         eos = set(self.eos_token_ids)
         seed = params.seed if params.seed is not None else random_seed(self.rng)
         req = Request(request_id, ids, params, eos, seed=seed)
-        if params.bad_words:
-            req.bad_word_ids = bad_word_ids(self.tokenizer, params.bad_words)
+        req.bad_word_ids = bad_words
         if params.structured is not None:
             if self.config.tensor_parallel_size > 1:
                 from adaspec.engine.grammar_step import TP_UNSUPPORTED

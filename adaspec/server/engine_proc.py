@@ -116,7 +116,7 @@ class EngineProcess:
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> str:
         from adaspec.engine.engine import check_request
 
-        ids = check_request(prompt, params, self.tokenizer, self.vocab_size, self.max_model_len)
+        ids, _ = check_request(prompt, params, self.tokenizer, self.vocab_size, self.max_model_len)
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in use")
         self._live[request_id] = _Live(ids, text="" if self.tokenizer is not None and params.detokenize else None)
