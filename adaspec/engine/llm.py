@@ -4,6 +4,7 @@ from __future__ import annotations
 from adaspec.config import SchedulerConfig
 from adaspec.engine.engine import Engine
 from adaspec.engine.request import RequestOutput
+from adaspec.models.quantized import check_requested
 from adaspec.sampling import SamplingParams
 from adaspec.tokenization import encode_chat
 
@@ -28,6 +29,7 @@ class LLM:
     MAX_STALLED_STEPS = 100
 
     def __init__(self, model: str, **kwargs):
+        check_requested(kwargs.pop("quantization", None), model)   # vLLM's keyword: the checkpoint's own method
         _take_vllm_keywords(kwargs)
         # Offline, throughput is the figure: next to decode rows, prefill takes the step's whole
         # budget unless `long_prefill_token_threshold` says otherwise. (The server paces prefill
@@ -144,7 +146,6 @@ _VLLM_KEYWORDS = {
     "trust_remote_code": (lambda v: isinstance(v, bool), "adaspec implements each architecture and runs no checkpoint code"),
     "disable_log_stats": (lambda v: isinstance(v, bool), "LLM logs no periodic stats"),
     "swap_space": (lambda v: isinstance(v, (int, float)) and v >= 0, "preempted requests are recomputed, not swapped"),
-    "quantization": (lambda v: v is None, "quantized checkpoints are not supported"),
     "revision": (lambda v: v is None, "models load from local directories only"),
     "enable_chunked_prefill": (lambda v: v in (None, True), "prefill is always chunked"),
     "kv_cache_dtype": (lambda v: v in (None, "auto"), "the KV cache is kept in the model's dtype"),

@@ -9,6 +9,7 @@ Contract: every parameter of the module is filled from the checkpoint (or, with
 `load_format="dummy"`, from a seeded normal distribution); a missing tensor or a shape
 mismatch raises ValueError naming it. Extra tensors in a *target* checkpoint are ignored
 (rotary caches and the like); the EAGLE-3 loader accounts for every tensor of a head itself.
+FP8 checkpoints are dequantized to the model's dtype as they are read (models/quantized.py).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from adaspec.models.registry import parse_model_spec
+from adaspec.models.quantized import Fp8Checkpoint, dequantize_stream, read_quantization
+from adaspec.models.registry import parse_model_spec, read_json
 
 logger = logging.getLogger("adaspec")
 
@@ -95,12 +97,26 @@ def iter_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | N
         del state
 
 
+def checkpoint_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | None] | None = None,
+                       quant: Fp8Checkpoint | None = None, device: torch.device | None = None
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
+    """`iter_tensors`, with an FP8 checkpoint's weights dequantized (on `device`). A rank's
+    slice (`part`) of such a weight is cut after dequantizing: one block scale covers rows
+    of several ranks."""
+    if quant is None:
+        yield from iter_tensors(model_dir, part)
+        return
+    for name, t in dequantize_stream(iter_tensors(model_dir), quant, device):
+        p = part(name) if part is not None else None
+        yield name, t if p is None else t.narrow(p[0], p[1], p[2] - p[1])
+
+
 def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[str], str],
                optional: Callable[[str], bool] = lambda n: False,
                tensors: dict[str, torch.Tensor] | None = None,
                checkpoint_parts: Callable[[str], list[tuple[str, tuple]] | None] | None = None,
                part: Callable[[str], tuple[int, int, int] | None] | None = None,
-               check_unread: bool = True) -> set[str]:
+               check_unread: bool = True, quant: Fp8Checkpoint | None = None) -> set[str]:
     """Copy checkpoint tensors (read from `model_dir`, or given as `tensors`) into `module`'s
     parameters; returns the names of the parameters left unfilled (only those `optional`
     allows). Raises ValueError on missing or misshapen.
@@ -111,7 +127,8 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
     `part(checkpoint name)`: the slice of it to read (see `iter_tensors`); a slice shorter than
     the parameter (the last vocabulary shard) fills its first rows, the rest is zeroed.
     `check_unread`: checkpoint tensors no parameter reads are checked (`_check_unread`);
-    off for callers that account for them themselves (EAGLE-3 heads)."""
+    off for callers that account for them themselves (EAGLE-3 heads). `quant`: the FP8 format
+    of the checkpoint in `model_dir` (`checkpoint_tensors`)."""
     params = dict(module.named_parameters(remove_duplicate=True))
     wanted: dict[str, tuple[str, tuple | None]] = {}
     needs: dict[str, list[str]] = {}
@@ -122,7 +139,9 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
         wanted.update((c, (n, idx)) for c, idx in parts)
     got: set[str] = set()
     unread: list[str] = []
-    for name, tensor in (tensors.items() if tensors is not None else iter_tensors(model_dir, part)):
+    device = next(iter(params.values())).device if params else None
+    source = tensors.items() if tensors is not None else checkpoint_tensors(model_dir, part, quant, device)
+    for name, tensor in source:
         hit = wanted.get(name)
         if hit is None:
             unread.append(name)
@@ -210,7 +229,10 @@ def load_model(model_dir: str | Path, device: torch.device, dtype: str = "auto",
     if load_format == "dummy":
         init_dummy(model, seed)
     elif load_format == "auto":
-        load_state(model, model_dir, model.checkpoint_name,
+        quant = read_quantization(read_json(model_dir / "config.json"))
+        if quant is not None:
+            logger.info("%s: weights dequantized to %s as they load", quant.describe(), str(tdtype).removeprefix("torch."))
+        load_state(model, model_dir, model.checkpoint_name, quant=quant,
                    checkpoint_parts=getattr(model, "checkpoint_parts", None),
                    part=(lambda name: shard.slice_of(name, spec)) if shard is not None else None)
     else:

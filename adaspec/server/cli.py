@@ -29,7 +29,7 @@ from adaspec.engine import gc_heap
 from adaspec.config import EngineConfig, add_engine_cli_args, engine_kwargs_from_cli
 from adaspec.tokenization import TOKENIZER_FILES
 from adaspec.server.serve_checks import check_paths, check_serve_values
-from adaspec.server.vllm_flags import add_vllm_serve_flags, vllm_settings
+from adaspec.server.vllm_flags import add_vllm_serve_flags, check_quantization_flag, vllm_settings
 
 logger = logging.getLogger("adaspec.server")
 
@@ -163,7 +163,7 @@ def serve_main(argv: list[str]) -> int:
     except (ValueError, TypeError) as e:
         logger.error("%s", e)
         return 2
-    problem = check_paths(args)
+    problem = check_paths(args) or check_quantization_flag(args)
     if problem is not None:
         logger.error("%s", problem)
         return 2

@@ -9,7 +9,8 @@ Flags accepted because adaspec already behaves as they ask (their help says why)
   --trust-remote-code, --enable-auto-tool-choice, --enable-chunked-prefill,
   --disable-log-requests / --enable-log-requests
 Flags with one value adaspec supports (any other is an error naming it):
-  --kv-cache-dtype auto, --pipeline-parallel-size 1, --no-enable-chunked-prefill refused
+  --kv-cache-dtype auto, --pipeline-parallel-size 1, --no-enable-chunked-prefill refused,
+  --quantization: only the method the checkpoint's config.json declares (models/quantized.py)
 """
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ def add_vllm_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="accepted for vLLM command lines: adaspec never logs prompts (--access-log logs requests)")
     g.add_argument("--kv-cache-dtype", default="auto",
                    help="only 'auto' (the KV cache is kept in the model's dtype)")
+    g.add_argument("--quantization", "-q", default=None,
+                   help="only the checkpoint's own method (fp8, compressed-tensors, fbgemm_fp8): FP8 checkpoints "
+                        "are read as published and dequantized at load; a model is never quantized on the fly")
     g.add_argument("--pipeline-parallel-size", type=int, default=1,
                    help="only 1 (use --tensor-parallel-size to spread a model over GPUs)")
 
@@ -51,6 +55,16 @@ def check_vllm_flags(args: argparse.Namespace) -> str | None:
                 f"use --tensor-parallel-size")
     if not args.response_role.strip():
         return "--response-role must be a non-empty role name"
+    return None
+
+
+def check_quantization_flag(args: argparse.Namespace) -> str | None:
+    """What is wrong with --quantization for the model (a directory that check_paths passed)."""
+    from adaspec.models.quantized import check_requested   # (torch: not before the cheap checks)
+    try:
+        check_requested(args.quantization, args.model)
+    except ValueError as e:
+        return f"--quantization: {e}"
     return None
 
 
