@@ -54,7 +54,8 @@ import torch
 from torch import nn
 
 from adaspec.models.llama import ModelSpec
-from adaspec.models.loader import init_dummy, iter_tensors, load_state
+from adaspec.models.loader import checkpoint_tensors, init_dummy, load_state
+from adaspec.models.quantized import read_quantization
 from adaspec.models.registry import MODEL_REGISTRY, read_json, rope_parameters, sliding_windows
 from adaspec.spec_decode.eagle3 import Eagle3Format, Eagle3Head
 
@@ -268,7 +269,7 @@ def load_eagle3(draft_dir: str | Path, target_spec: ModelSpec, target_embed: nn.
     tensors: dict[str, torch.Tensor] = {}
     original: dict[str, str] = {}  # our name -> the checkpoint's, for messages
     if load_format != "dummy":
-        for name, t in iter_tensors(draft_dir):
+        for name, t in checkpoint_tensors(draft_dir, quant=read_quantization(raw)):   # FP8 heads: dequantized
             ours = _our_name(name)
             if ours in tensors:
                 raise ValueError(f"EAGLE-3 head {draft_dir} has two tensors for {ours!r}: "

@@ -264,3 +264,31 @@ def test_vllm_quantization_argument_names_the_checkpoints_own_method(llama, tmp_
     out = subprocess.run([sys.executable, "-m", "adaspec.cli", "serve", "--model", str(llama), "--device", "cpu",
                           "--quantization", "fp8"], cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--quantization" in out.stderr and "unquantized" in out.stderr
+
+
+def test_an_fp8_head_loads_dequantized_and_drafts_as_its_dequantized_twin(llama_whole_blocks, tmp_path):
+    """Heads are read through the same stream: a head published in FP8 drafts exactly as the
+    float head holding weight x scale does (a speculative run equal token for token)."""
+    head = make_eagle3_head(tmp_path / "head", llama_whole_blocks)
+    qcfg, grain, suffix, _ = FORMATS["fp8_block"]
+    sd = load_file(str(head / "model.safetensors"))
+    out, twin = {}, {}
+    for name, w in sd.items():
+        if name.startswith("midlayer.") and name.endswith("_proj.weight"):
+            q, s, full = _quantize(w.float(), grain)
+            out[name], out[name[: -len("weight")] + suffix], twin[name] = q, s, q.float() * full
+        else:
+            out[name] = twin[name] = w
+    fp8_head = tmp_path / "fp8_head"
+    shutil.copytree(head, fp8_head)
+    cfg = json.loads((fp8_head / "config.json").read_text())
+    (fp8_head / "config.json").write_text(json.dumps({**cfg, "quantization_config": qcfg}))
+    save_file(out, str(fp8_head / "model.safetensors"))
+    save_file(twin, str(head / "model.safetensors"))
+    prompts = prompts_of_lengths([9, 14], seed=2)
+    runs = [LLM(str(llama_whole_blocks), draft=str(h), speculation="always", num_steps=3, device="cpu",
+                dtype="float32") for h in (fp8_head, head)]
+    outs = [llm.generate(prompts, GREEDY) for llm in runs]
+    assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
+    fp8_accepted, twin_accepted = (llm.stats()["accepted_tokens"] for llm in runs)
+    assert fp8_accepted == twin_accepted > 0
