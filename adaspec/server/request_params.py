@@ -31,6 +31,7 @@ class Prepared:
     params: SamplingParams
     tools: tuple = ("none", None)    # chat: (tool mode, named function) (server/structured_request.py)
     prompt_text: str | None = None   # what `echo` repeats
+    echo_only: bool = False          # completions' echo with max_tokens 0: the prompt is the whole answer
 
 
 def param_of(err: ValueError, default: str | None = None) -> str | None:
@@ -59,11 +60,16 @@ def prepare_choices(aengine, req, prompt_ids: list[int], default_max_tokens: int
         max_tokens, max_param = req.max_completion_tokens, "max_completion_tokens"
     else:
         max_tokens, max_param = req.max_tokens, "max_tokens"
+    chat = isinstance(req, ChatCompletionRequest)
+    # OpenAI's scoring form, which vLLM serves too: echo with max_tokens 0 answers with the prompt
+    # (and its logprobs) alone. One token is generated, and dropped from the answer.
+    echo_only = not chat and req.echo and max_tokens == 0
+    if echo_only:
+        max_tokens = 1
     explicit = max_tokens is not None
     if not explicit:
         max_tokens = min(default_max_tokens, limit - len(prompt_ids))
     defaults = {**BUILTIN_SAMPLING_DEFAULTS, **aengine.sampling_defaults}
-    chat = isinstance(req, ChatCompletionRequest)
     logprobs = ((req.top_logprobs or 0) if req.logprobs else None) if chat else req.logprobs
     # Asked for (vLLM's prompt_logprobs), and echo repeats the prompt's with its logprobs too.
     asked = [v for v in (req.prompt_logprobs, None if chat or not req.echo else req.logprobs) if v is not None]
@@ -100,7 +106,7 @@ def prepare_choices(aengine, req, prompt_ids: list[int], default_max_tokens: int
         raise APIError(f"this model's maximum context length is {limit} tokens, but {len(prompt_ids)} "
                        f"prompt tokens + {max_param}={max_tokens} exceed it", param=max_param,
                        code="context_length_exceeded")
-    return [Prepared(prompt_ids, c) for c in params.choices()]
+    return [Prepared(prompt_ids, c, echo_only=echo_only) for c in params.choices()]
 
 
 def request_ids(prefix: str, req, headers) -> tuple[str, str]:

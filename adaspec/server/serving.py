@@ -342,6 +342,8 @@ class OpenAIServing:
         started = [False] * len(prepared)
 
         def choice(i: int, text: str, out: RequestOutput, finish: str | None, new_ids: list[int], lps) -> dict:
+            if prepared[i].echo_only:   # (echo with max_tokens 0: the generated token is not part of the answer)
+                text, new_ids, lps = "", [], []
             prompt = first = None
             if not started[i]:   # the echoed prompt (and its logprobs) once, before the choice's first text
                 started[i] = first = True

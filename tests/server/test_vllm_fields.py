@@ -221,3 +221,28 @@ def test_a_bad_word_too_long_names_the_field(url):
     r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2,
                                                   "bad_words": [" ".join(["fox"] * 100)]}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "bad_words", r.text
+
+
+def test_echo_with_max_tokens_0_answers_with_the_scored_prompt(url, tokenizer):
+    """OpenAI's scoring form (lm-eval style loglikelihood, served by vLLM too): the prompt and
+    its logprobs, nothing generated; the same numbers as echo with a token, minus the token."""
+    ids = tokenizer.encode(PROMPT)
+    body = {"prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 2, "temperature": 0}
+    c = _post(url, body)["choices"][0]
+    assert c["text"] == PROMPT and c["finish_reason"] == "length"
+    lp = c["logprobs"]
+    assert len(lp["tokens"]) == len(ids) and lp["token_logprobs"][0] is None
+    assert all(v < 0 for v in lp["token_logprobs"][1:]) and len(lp["top_logprobs"][1]) >= 2
+    one = _post(url, {**body, "max_tokens": 1})["choices"][0]
+    assert len(one["logprobs"]["tokens"]) == len(ids) + 1
+    assert one["logprobs"]["token_logprobs"][:len(ids)] == lp["token_logprobs"]
+    assert one["logprobs"]["text_offset"][:len(ids)] == lp["text_offset"]
+    with httpx.stream("POST", url + "/v1/completions", json={"model": MODEL_NAME, **body, "stream": True},
+                      timeout=120) as r:
+        chunks = [line[6:] for line in r.iter_lines() if line.startswith("data: {")]
+    import json
+    choices = [ch for line in chunks for ch in json.loads(line)["choices"]]
+    assert "".join(ch["text"] for ch in choices) == PROMPT
+    assert [t for ch in choices for t in (ch["logprobs"] or {}).get("tokens", [])] == lp["tokens"]
+    without_echo = httpx.post(url + "/v1/completions", json={"model": MODEL_NAME, **body, "echo": False}, timeout=60)
+    assert without_echo.status_code == 400 and without_echo.json()["error"]["param"] == "max_tokens"
