@@ -80,10 +80,13 @@ class GrammarMasks:
         ev.record()
         return host, ev
 
-    def masks(self, g: GrammarStep, drafts) -> tuple[torch.Tensor, int]:
+    def masks(self, g: GrammarStep, drafts, legal_into: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
         """(the device bitmask of the step's logits rows, vocab): every verify request's N rows
         (a graph batch's padding requests' too, allowing everything); waits for the drafts when
-        the step has any."""
+        the step has any. `legal_into` (simulated acceptance): the step's draft tokens
+        on the device, which get the drafts with each forbidden one replaced by a legal one
+        (`step_bitmask`'s legalize), so simulated acceptance does not depend on whether a
+        random head's tokens happen to be legal."""
         tokens = parents = None
         limit = g.limit
         if drafts is not None:
@@ -97,7 +100,8 @@ class GrammarMasks:
             raise ValueError(f"a grammar over {vocab} tokens on a model of {self.vocab_size}")
         num_rows = len(g.limit) * g.N
         host = self._host_rows(num_rows)
-        step_bitmask(host, g.grammars, g.N, tokens, parents, limit)
+        if step_bitmask(host, g.grammars, g.N, tokens, parents, limit, legal_into is not None and tokens is not None):
+            legal_into.copy_(drafts[0][0], non_blocking=True)   # (the pinned tokens `tokens` views)
         dev = self.dev[:num_rows]
         dev.copy_(host, non_blocking=True)
         return dev, vocab

@@ -436,8 +436,8 @@ class ModelRunner:
         the grammar step's bitmask is in place; or the draft refresh alone when nothing samples."""
         hidden, aux, drafts, _ = fwd
         vb = p.vb
-        if p.grammar is not None:
-            vb.grammar = self.grammar_masks.masks(p.grammar, drafts)
+        if p.grammar is not None:   # (simulated acceptance: forbidden drafts replaced, `GrammarMasks.masks`)
+            vb.grammar = self.grammar_masks.masks(p.grammar, drafts, vb.tokens.t if vb.accept is not None else None)
         if not p.verifies:
             if vb.refresh is not None:
                 self.post.refresh.run(vb.refresh, aux)

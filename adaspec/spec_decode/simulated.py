@@ -18,7 +18,10 @@ def simulate(tokens: torch.Tensor, parents: torch.Tensor | None, limit: torch.Te
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Accept the best (first) child at depth d when accept[:, d-1]; `parents` None = chains.
     `legal` [B, N] bool (grammar requests): a node whose token its parent's grammar mask
-    forbids is never accepted, so simulated output still follows each request's grammar."""
+    forbids is never accepted, so simulated output still follows each request's grammar. (The
+    host has already replaced the forbidden drafts on the path this takes by legal tokens,
+    `structured.bitmask.step_bitmask`'s legalize, so acceptance does not depend on a random
+    head's tokens; `legal` still guards what that walk could not replace.)"""
     if parents is None:
         ok = accept[:, : tokens.shape[1] - 1]
         path, acc = chain_path(ok & legal[:, 1:] if legal is not None else ok, limit)

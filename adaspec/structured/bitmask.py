@@ -55,14 +55,21 @@ def bitmask_width(vocab_size: int) -> int:
 
 
 def step_bitmask(out: torch.Tensor, grammars: list, N: int, tokens: np.ndarray | None, parents: np.ndarray | None,
-                 limit: np.ndarray) -> None:
+                 limit: np.ndarray, legalize: bool = False) -> bool:
     """Fill `out` [B*N, W] int32 (host; W = bitmask_width of the grammars' vocabulary) with
     the bitmask of B verify requests: `grammars[k]` a `RequestGrammar` or None (its rows, and
     those of a request whose grammar is complete, allow everything). `tokens` [B, N] are the
     draft tokens (None: no drafts this step), `parents` [B, N] their tree (None: chains),
-    `limit` [B] each request's own depth."""
+    `limit` [B] each request's own depth.
+
+    `legalize` (simulated acceptance, benchmarks only): along each chain, or a tree's path of
+    first children (the only nodes simulated acceptance takes), a draft token its parent's
+    mask forbids is replaced, in `tokens`, by the allowed token nearest to it, and the path goes
+    on from there, as a head trained on the target would have proposed a legal token. Returns
+    whether any token was replaced."""
     out.fill_(-1)
     drafted = []
+    replaced = False
     for k, g in enumerate(grammars):
         if g is None or g.done:   # done: finished by the step before; this step is discarded
             continue
@@ -72,14 +79,53 @@ def step_bitmask(out: torch.Tensor, grammars: list, N: int, tokens: np.ndarray |
             m.fill_next_token_bitmask(out, k * N)
             continue
         if parents is None:
+            if legalize:   # (a chain's walk fills its rows as it goes: nothing left to traverse)
+                replaced |= _legalize(m, out, list(range(k * N, k * N + depth + 1)), tokens[k],
+                                      list(range(depth + 1)), g.vocab_size)
+                continue
             first, sib = _chain_links(N, depth)
         else:
-            first, sib = (torch.tensor(x, dtype=torch.int64) for x in _tree_links(parents[k], depth))
+            links = _tree_links(parents[k], depth)
+            if legalize:   # simulated acceptance only ever takes first children: legalize that path
+                path = [0]
+                while links[0][path[-1]] >= 0:
+                    path.append(links[0][path[-1]])
+                replaced |= _legalize(m, out, [k * N] * len(path), tokens[k], path, g.vocab_size)
+            first, sib = (torch.tensor(x, dtype=torch.int64) for x in links)
         m.traverse_draft_tree(first, sib, torch.from_numpy(np.ascontiguousarray(tokens[k], dtype=np.int64)),
                               out[k * N:(k + 1) * N])
         drafted.append(k)
     if drafted and N > 1:
         _revive_rejected(out.numpy().reshape(-1, N, out.shape[1]), np.asarray(drafted), tokens, parents)
+    return replaced
+
+
+def _legalize(m, out: torch.Tensor, rows: list[int], tokens: np.ndarray, path: list[int], vocab: int) -> bool:
+    """`step_bitmask`'s legalize walk along `path` (node ids from the root): the mask of
+    path[i - 1] is filled into row rows[i - 1] of `out`, and path[i]'s token in `tokens` is
+    replaced by the allowed token nearest it when that mask forbids it; the matcher is rolled
+    back to where it was. Returns whether a token was replaced."""
+    m.fill_next_token_bitmask(out, rows[0])
+    host = out.numpy()
+    replaced, walked = False, 0
+    for i in range(1, len(path)):
+        row, t = host[rows[i - 1]], int(tokens[path[i]])
+        if not (int(row[t >> 5]) >> (t & 31)) & 1:
+            allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[:vocab])
+            if allowed.size == 0:
+                break
+            j = int(np.searchsorted(allowed, t))
+            t = int(min((allowed[x] for x in (j - 1, j) if 0 <= x < allowed.size), key=lambda a: abs(int(a) - t)))
+            tokens[path[i]], replaced = t, True
+        if not m.accept_token(t):
+            break
+        walked += 1
+        if m.is_terminated():   # the stop token: the output ends here, nodes below are never read
+            break
+        m.fill_next_token_bitmask(out, rows[i])
+    if walked:
+        m.rollback(walked)
+    return replaced
 
 
 def _revive_rejected(mask: np.ndarray, ks: np.ndarray, tokens: np.ndarray, parents: np.ndarray | None) -> None:

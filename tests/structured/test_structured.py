@@ -165,7 +165,7 @@ def test_every_json_validates_against_its_schema(tok_model_dir, tok_head_dir):
         except (AssertionError, ValueError, jsonschema.ValidationError) as e:
             invalid.append((s, o.text, str(e)[:200]))
     assert not invalid, invalid[:3]
-    # Simulated acceptance (benchmarks) accepts only drafts the grammar allows: outputs stay valid.
+    # Simulated acceptance (benchmarks) emits only tokens the grammar allows: outputs stay valid.
     sim = LLM(tok_model_dir, draft=tok_head_dir, speculation="always", num_steps=3, device="cpu", dtype="float32",
               spec_simulate_accept_rate=0.9)
     outs = sim.generate(["Hello"] * 10, params[:10])
