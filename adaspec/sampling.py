@@ -20,6 +20,7 @@ temperature, min-p, top-k, top-p. Reported logprobs are the RAW model's (vLLM's 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,6 +105,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.stop is not None and not isinstance(self.stop, (list, tuple)):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
         self.stop = [s for s in (self.stop or [])]
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
@@ -118,8 +121,9 @@ class SamplingParams:
         """Raise ValueError naming the first out-of-range field."""
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.temperature is None or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        t = self.temperature   # (NaN or inf would turn the masked logits' -inf into NaN probabilities)
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or (self.top_k < -1):

@@ -190,6 +190,10 @@ def test_bad_input_raises(llama_dir, prompt, params, match):
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
     (dict(temperature=-0.1), "temperature"),
+    (dict(temperature=float("nan")), "temperature must be a finite number"),
+    (dict(temperature=float("inf")), "temperature must be a finite number"),
+    (dict(temperature="0.5"), "temperature"),
+    (dict(stop=5), "stop must be a string or a list of strings"),
 ])
 def test_bad_sampling_params(kwargs, match):
     with pytest.raises(ValueError, match=match):
