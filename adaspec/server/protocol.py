@@ -208,7 +208,7 @@ class ChatMessage(_Strict):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content)   # (parts one per line, as vLLM renders them)
 
 
 class ChatCompletionRequest(_SamplingFields):

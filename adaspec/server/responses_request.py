@@ -30,7 +30,7 @@ class InputMessage(_Strict):
     content: StrictStr | list[InputPart]
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
 
 
 class FunctionCallItem(_Strict):

@@ -246,3 +246,16 @@ def test_echo_with_max_tokens_0_answers_with_the_scored_prompt(url, tokenizer):
     assert [t for ch in choices for t in (ch["logprobs"] or {}).get("tokens", [])] == lp["tokens"]
     without_echo = httpx.post(url + "/v1/completions", json={"model": MODEL_NAME, **body, "echo": False}, timeout=60)
     assert without_echo.status_code == 400 and without_echo.json()["error"]["param"] == "max_tokens"
+
+
+def test_text_parts_of_a_message_are_one_per_line(url):
+    """A message's content given as text parts renders as vLLM renders it: the parts joined
+    by newlines (clients such as `vllm bench serve --backend openai-chat` send parts)."""
+    def ids(content):
+        r = httpx.post(url + "/tokenize", json={"model": MODEL_NAME, "messages": [{"role": "user", "content": content}]},
+                       timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["tokens"]
+
+    parts = [{"type": "text", "text": "The quick"}, {"type": "text", "text": "brown fox"}]
+    assert ids(parts) == ids("The quick\nbrown fox") != ids("The quickbrown fox")
