@@ -134,8 +134,9 @@ class EngineConfig:
                       check=_device)
     dtype: str = opt("auto", "--dtype", "weight and activation dtype (auto: bfloat16 on CUDA, float32 on CPU)",
                      choices=DTYPES, values={"half": "float16", "float": "float32"})
-    load_format: str = opt("auto", "--load-format", "auto: the safetensors weights; dummy: random weights",
-                           choices=("auto", "dummy"))
+    load_format: str = opt("auto", "--load-format", "auto: the safetensors weights, else the PyTorch .bin ones; "
+                           "safetensors / pt: only those (the target's; a draft head reads either); "
+                           "dummy: random weights", choices=("auto", "safetensors", "pt", "dummy"))
     seed: int = opt(0, "--seed", "seed of sampling for requests without their own", type=int)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -40,10 +40,20 @@ def resolve_dtype(name: str, checkpoint_dtype: str | None, device: torch.device)
     return DTYPES.get(checkpoint_dtype or "bfloat16", torch.bfloat16) if checkpoint_dtype != "float32" else torch.bfloat16
 
 
-def checkpoint_files(model_dir: Path) -> list[Path]:
-    """The weight files of `model_dir`, in a stable order: an index's shards, else the
-    directory's `*.safetensors`, else its `pytorch_model*.bin`. Raises FileNotFoundError."""
-    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+# load_format -> the weight files it reads: (index file, file glob) in order of preference.
+WEIGHT_FILES = {
+    "auto": (("model.safetensors.index.json", "*.safetensors"), ("pytorch_model.bin.index.json", "pytorch_model*.bin")),
+    "safetensors": (("model.safetensors.index.json", "*.safetensors"),),
+    "pt": (("pytorch_model.bin.index.json", "pytorch_model*.bin"),),
+}
+
+
+def checkpoint_files(model_dir: Path, load_format: str = "auto") -> list[Path]:
+    """The weight files of `model_dir` that `load_format` reads (vLLM's names: auto prefers
+    safetensors, safetensors / pt read only those), in a stable order: an index's shards, else
+    the directory's files. Raises FileNotFoundError."""
+    kinds = WEIGHT_FILES[load_format]
+    for index_name, _ in kinds:
         index = model_dir / index_name
         if index.exists():
             weight_map = json.loads(index.read_text())["weight_map"]
@@ -52,15 +62,17 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
             if missing:
                 raise FileNotFoundError(f"{index} lists shard(s) {missing[:4]} that are not in {model_dir}")
             return files
-    files = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("pytorch_model*.bin"))
-    if not files:
-        raise FileNotFoundError(f"no weights in {model_dir}: expected *.safetensors or pytorch_model*.bin "
-                                f"(or pass load_format='dummy' to run with random weights)")
-    return files
+    for _, pattern in kinds:
+        files = sorted(model_dir.glob(pattern))
+        if files:
+            return files
+    wanted = " or ".join(p for _, p in kinds)
+    raise FileNotFoundError(f"no weights in {model_dir}: expected {wanted} (load_format {load_format!r}; "
+                            f"or pass load_format='dummy' to run with random weights)")
 
 
-def iter_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | None] | None = None
-                 ) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | None] | None = None,
+                 load_format: str = "auto") -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of the checkpoint, one file at a time, on the CPU.
     `part(name)` = (dim, start, stop): only that slice of the tensor is read (tensor
     parallelism: a rank reads its shard; safetensors reads just those bytes)."""
@@ -70,7 +82,7 @@ def iter_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | N
         p = part(name) if part is not None else None
         return t if p is None else t.narrow(p[0], p[1], p[2] - p[1])
 
-    for f in checkpoint_files(model_dir):
+    for f in checkpoint_files(model_dir, load_format):
         if f.suffix == ".safetensors":
             with safe_open(str(f), framework="pt") as sf:
                 for name in sf.keys():
@@ -98,15 +110,15 @@ def iter_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | N
 
 
 def checkpoint_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | None] | None = None,
-                       quant: Fp8Checkpoint | None = None, device: torch.device | None = None
-                       ) -> Iterator[tuple[str, torch.Tensor]]:
+                       quant: Fp8Checkpoint | None = None, device: torch.device | None = None,
+                       load_format: str = "auto") -> Iterator[tuple[str, torch.Tensor]]:
     """`iter_tensors`, with an FP8 checkpoint's weights dequantized (on `device`). A rank's
     slice (`part`) of such a weight is cut after dequantizing: one block scale covers rows
     of several ranks."""
     if quant is None:
-        yield from iter_tensors(model_dir, part)
+        yield from iter_tensors(model_dir, part, load_format)
         return
-    for name, t in dequantize_stream(iter_tensors(model_dir), quant, device):
+    for name, t in dequantize_stream(iter_tensors(model_dir, load_format=load_format), quant, device):
         p = part(name) if part is not None else None
         yield name, t if p is None else t.narrow(p[0], p[1], p[2] - p[1])
 
@@ -116,7 +128,7 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
                tensors: dict[str, torch.Tensor] | None = None,
                checkpoint_parts: Callable[[str], list[tuple[str, tuple]] | None] | None = None,
                part: Callable[[str], tuple[int, int, int] | None] | None = None,
-               check_unread: bool = True, quant: Fp8Checkpoint | None = None) -> set[str]:
+               check_unread: bool = True, quant: Fp8Checkpoint | None = None, load_format: str = "auto") -> set[str]:
     """Copy checkpoint tensors (read from `model_dir`, or given as `tensors`) into `module`'s
     parameters; returns the names of the parameters left unfilled (only those `optional`
     allows). Raises ValueError on missing or misshapen.
@@ -128,7 +140,8 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
     the parameter (the last vocabulary shard) fills its first rows, the rest is zeroed.
     `check_unread`: checkpoint tensors no parameter reads are checked (`_check_unread`);
     off for callers that account for them themselves (EAGLE-3 heads). `quant`: the FP8 format
-    of the checkpoint in `model_dir` (`checkpoint_tensors`)."""
+    of the checkpoint in `model_dir` (`checkpoint_tensors`); `load_format` which of its files
+    are read (`checkpoint_files`)."""
     params = dict(module.named_parameters(remove_duplicate=True))
     wanted: dict[str, tuple[str, tuple | None]] = {}
     needs: dict[str, list[str]] = {}
@@ -140,7 +153,7 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
     got: set[str] = set()
     unread: list[str] = []
     device = next(iter(params.values())).device if params else None
-    source = tensors.items() if tensors is not None else checkpoint_tensors(model_dir, part, quant, device)
+    source = tensors.items() if tensors is not None else checkpoint_tensors(model_dir, part, quant, device, load_format)
     for name, tensor in source:
         hit = wanted.get(name)
         if hit is None:
@@ -228,14 +241,14 @@ def load_model(model_dir: str | Path, device: torch.device, dtype: str = "auto",
         model.lm_head.weight = model.embed_tokens.weight
     if load_format == "dummy":
         init_dummy(model, seed)
-    elif load_format == "auto":
+    elif load_format in WEIGHT_FILES:
         quant = read_quantization(read_json(model_dir / "config.json"))
         if quant is not None:
             logger.info("%s: weights dequantized to %s as they load", quant.describe(), str(tdtype).removeprefix("torch."))
-        load_state(model, model_dir, model.checkpoint_name, quant=quant,
+        load_state(model, model_dir, model.checkpoint_name, quant=quant, load_format=load_format,
                    checkpoint_parts=getattr(model, "checkpoint_parts", None),
                    part=(lambda name: shard.slice_of(name, spec)) if shard is not None else None)
     else:
-        raise ValueError(f"unknown load_format {load_format!r}; use 'auto' or 'dummy'")
+        raise ValueError(f"unknown load_format {load_format!r}; use one of {sorted(WEIGHT_FILES) + ['dummy']}")
     return model.eval(), spec, tdtype
 

@@ -88,6 +88,24 @@ def test_dummy_weights_need_no_safetensors(tmp_path, llama_dir):
         LLM(str(d), device="cpu")
 
 
+def test_load_format_safetensors_and_pt_read_only_those_files(tmp_path, llama_dir):
+    """vLLM's --load-format values: a directory holding both kinds (the .bin here perturbed,
+    so which one was read shows in the output)."""
+    from safetensors.torch import load_file
+
+    d = tmp_path / "both"
+    shutil.copytree(llama_dir, d)
+    sd = load_file(str(d / "model.safetensors"))
+    torch.save({k: v + 0.5 if k.endswith("mlp.down_proj.weight") else v for k, v in sd.items()}, d / "pytorch_model.bin")
+    out = {f: LLM(str(d), device="cpu", dtype="float32", load_format=f).generate([[1, 2, 3]], GREEDY)[0].token_ids
+           for f in ("auto", "safetensors", "pt")}
+    assert out["auto"] == out["safetensors"] != out["pt"]
+    (d / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"expected \*\.safetensors \(load_format 'safetensors'"):
+        LLM(str(d), device="cpu", load_format="safetensors")
+    assert LLM(str(d), device="cpu", dtype="float32").generate([[1, 2, 3]], GREEDY)[0].token_ids == out["pt"]
+
+
 def test_unknown_architecture_and_missing_tensor(tmp_path, llama_dir):
     d = tmp_path / "weird"
     shutil.copytree(llama_dir, d)
