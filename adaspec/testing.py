@@ -26,6 +26,9 @@ ARCH_CONFIGS = {
     "llama_bias": ("LlamaForCausalLM", "LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
     "qwen3_yarn": ("Qwen3ForCausalLM", "Qwen3Config", {
         "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
+    # Phi-3 / Phi-4: q/k/v and gate/up fused in the checkpoint; a partial rotary variant too.
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", {"sliding_window": None}),
+    "phi3_partial": ("Phi3ForCausalLM", "Phi3Config", {"sliding_window": None, "partial_rotary_factor": 0.5}),
 }
 
 # Plain turns render as <|role|>content</s>. Tool-capable (Hermes style): the tool definitions

@@ -37,6 +37,7 @@ class ModelArch:
     qk_norm: bool = False
     o_bias_from_attention_bias: bool = False   # config `attention_bias` also puts a bias on o_proj
     reads_mlp_bias: bool = False               # config `mlp_bias` puts biases on the dense MLP
+    fused_checkpoint: bool = False             # qkv_proj / gate_up_proj tensors (Phi-3), split at load
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class ModelSpec:
     moe: MoeSpec | None = None  # mixture-of-experts layers (models/moe.py); None: every MLP dense
     o_bias: bool = False        # o_proj has a bias (Llama / Qwen3 `attention_bias`)
     mlp_bias: bool = False      # gate/up/down have biases (Llama `mlp_bias`)
+    fused_checkpoint: bool = False  # the checkpoint holds qkv_proj and gate_up_proj (loader.split_fused)
 
 
 class RMSNorm(nn.Module):

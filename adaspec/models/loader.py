@@ -111,16 +111,45 @@ def iter_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | N
 
 def checkpoint_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | None] | None = None,
                        quant: Fp8Checkpoint | None = None, device: torch.device | None = None,
-                       load_format: str = "auto") -> Iterator[tuple[str, torch.Tensor]]:
-    """`iter_tensors`, with an FP8 checkpoint's weights dequantized (on `device`). A rank's
-    slice (`part`) of such a weight is cut after dequantizing: one block scale covers rows
-    of several ranks."""
-    if quant is None:
+                       load_format: str = "auto", fused=None) -> Iterator[tuple[str, torch.Tensor]]:
+    """`iter_tensors`, with an FP8 checkpoint's weights dequantized (on `device`) and, with
+    `fused` (the whole model's ModelSpec), fused projections split (`split_fused`). A rank's
+    slice (`part`) of such a tensor is cut after both: one block scale, or one fused tensor,
+    covers rows of several ranks' parameters."""
+    if quant is None and fused is None:
         yield from iter_tensors(model_dir, part, load_format)
         return
-    for name, t in dequantize_stream(iter_tensors(model_dir, load_format=load_format), quant, device):
+    stream = iter_tensors(model_dir, load_format=load_format)
+    if quant is not None:
+        stream = dequantize_stream(stream, quant, device)
+    if fused is not None:
+        stream = split_fused(stream, fused)
+    for name, t in stream:
         p = part(name) if part is not None else None
         yield name, t if p is None else t.narrow(p[0], p[1], p[2] - p[1])
+
+
+def split_fused(stream: Iterator[tuple[str, torch.Tensor]], spec) -> Iterator[tuple[str, torch.Tensor]]:
+    """A checkpoint's fused projections (Phi-3: `qkv_proj` = q rows, k rows, v rows;
+    `gate_up_proj` = gate rows, up rows) as the separate tensors the model reads, by the whole
+    model's `spec` (a ModelSpec)."""
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    for name, t in stream:
+        if name.endswith(".qkv_proj.weight"):
+            pre = name[: -len("qkv_proj.weight")]
+            if t.shape[0] != q + 2 * kv:
+                raise ValueError(f"{name} has {t.shape[0]} rows; the config's heads make {q + 2 * kv}")
+            yield from ((pre + p, w) for p, w in zip(("q_proj.weight", "k_proj.weight", "v_proj.weight"),
+                                                    t.split([q, kv, kv])))
+        elif name.endswith(".gate_up_proj.weight") and ".experts." not in name:
+            pre = name[: -len("gate_up_proj.weight")]
+            if t.shape[0] != 2 * spec.intermediate_size:
+                raise ValueError(f"{name} has {t.shape[0]} rows; the config's intermediate_size makes "
+                                 f"{2 * spec.intermediate_size}")
+            yield pre + "gate_proj.weight", t[: spec.intermediate_size]
+            yield pre + "up_proj.weight", t[spec.intermediate_size:]
+        else:
+            yield name, t
 
 
 def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[str], str],
@@ -128,7 +157,8 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
                tensors: dict[str, torch.Tensor] | None = None,
                checkpoint_parts: Callable[[str], list[tuple[str, tuple]] | None] | None = None,
                part: Callable[[str], tuple[int, int, int] | None] | None = None,
-               check_unread: bool = True, quant: Fp8Checkpoint | None = None, load_format: str = "auto") -> set[str]:
+               check_unread: bool = True, quant: Fp8Checkpoint | None = None, load_format: str = "auto",
+               fused=None) -> set[str]:
     """Copy checkpoint tensors (read from `model_dir`, or given as `tensors`) into `module`'s
     parameters; returns the names of the parameters left unfilled (only those `optional`
     allows). Raises ValueError on missing or misshapen.
@@ -141,7 +171,8 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
     `check_unread`: checkpoint tensors no parameter reads are checked (`_check_unread`);
     off for callers that account for them themselves (EAGLE-3 heads). `quant`: the FP8 format
     of the checkpoint in `model_dir` (`checkpoint_tensors`); `load_format` which of its files
-    are read (`checkpoint_files`)."""
+    are read (`checkpoint_files`); `fused`: the whole model's ModelSpec when the checkpoint
+    fuses projections (`split_fused`)."""
     params = dict(module.named_parameters(remove_duplicate=True))
     wanted: dict[str, tuple[str, tuple | None]] = {}
     needs: dict[str, list[str]] = {}
@@ -153,7 +184,7 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
     got: set[str] = set()
     unread: list[str] = []
     device = next(iter(params.values())).device if params else None
-    source = tensors.items() if tensors is not None else checkpoint_tensors(model_dir, part, quant, device, load_format)
+    source = tensors.items() if tensors is not None else checkpoint_tensors(model_dir, part, quant, device, load_format, fused)
     for name, tensor in source:
         hit = wanted.get(name)
         if hit is None:
@@ -246,6 +277,7 @@ def load_model(model_dir: str | Path, device: torch.device, dtype: str = "auto",
         if quant is not None:
             logger.info("%s: weights dequantized to %s as they load", quant.describe(), str(tdtype).removeprefix("torch."))
         load_state(model, model_dir, model.checkpoint_name, quant=quant, load_format=load_format,
+                   fused=spec if spec.fused_checkpoint else None,
                    checkpoint_parts=getattr(model, "checkpoint_parts", None),
                    part=(lambda name: shard.slice_of(name, spec)) if shard is not None else None)
     else:

@@ -12,6 +12,7 @@ MODEL_REGISTRY: dict[str, tuple[type, ModelArch]] = {
     "MistralForCausalLM": (LlamaForCausalLM, ModelArch()),
     "Qwen2ForCausalLM": (LlamaForCausalLM, ModelArch(qkv_bias=True)),
     "Qwen3ForCausalLM": (LlamaForCausalLM, ModelArch(qk_norm=True, o_bias_from_attention_bias=True)),
+    "Phi3ForCausalLM": (LlamaForCausalLM, ModelArch(fused_checkpoint=True)),   # Phi-3, Phi-4 (default rope)
     # Mixture of experts (models/moe.py; each reads its routing options with MOE_PARSERS[arch]).
     "Qwen2MoeForCausalLM": (MoeForCausalLM, ModelArch()),
     "Qwen3MoeForCausalLM": (MoeForCausalLM, ModelArch(qk_norm=True)),
@@ -140,6 +141,7 @@ def parse_model_spec(model_dir: str | Path) -> tuple[ModelSpec, type]:
         moe=moe,
         o_bias=flags.o_bias_from_attention_bias and bool(cfg.get("attention_bias", False)),
         mlp_bias=flags.reads_mlp_bias and bool(cfg.get("mlp_bias", False)),
+        fused_checkpoint=flags.fused_checkpoint,
     )
     if spec.hidden_act != "silu":
         raise ValueError(f"unsupported hidden_act {spec.hidden_act!r} (only silu)")

@@ -1,6 +1,7 @@
 """Llama-family variants that published checkpoints use, each equal to transformers' greedy
 output: biases on every Llama projection (`attention_bias` covers o_proj too, `mlp_bias` the
-MLP) and Qwen3 with YaRN rope; speculation on them stays lossless. A checkpoint bias the config
+MLP), Qwen3 with YaRN rope, Phi-3 / Phi-4 (fused qkv_proj and gate_up_proj in the checkpoint,
+a partial rotary variant); speculation on them stays lossless. A checkpoint bias the config
 leaves no place for is a load error, not a silently different model."""
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from helpers import MAX_NEW, assert_matches_reference, hf_greedy, prompts_of_len
 GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
 
 
-@pytest.mark.parametrize("arch", ["llama_bias", "qwen3_yarn"])
+@pytest.mark.parametrize("arch", ["llama_bias", "qwen3_yarn", "phi3", "phi3_partial"])
 def test_variant_equals_transformers_and_speculation_is_lossless(arch, tmp_path):
     d = make_tiny_model(tmp_path / arch, arch, max_position=256)
     prompts = prompts_of_lengths([9, 40], seed=7)   # the second runs past YaRN's original 32 positions

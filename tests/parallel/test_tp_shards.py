@@ -103,6 +103,7 @@ def test_every_architecture_two_shards_equal_whole(model_dirs, tmp_path):
     dirs = list(model_dirs.values()) + [str(make_moe_model(tmp_path / n, n)) for n in
                                         ("qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe")]
     dirs.append(str(make_tiny_model(tmp_path / "kv1", "llama", num_kv_heads=1)))   # KV heads replicated
+    dirs.append(str(make_tiny_model(tmp_path / "phi3", "phi3")))   # fused qkv / gate_up, split before the cut
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         init = f"tcp://127.0.0.1:{s.getsockname()[1]}"
