@@ -29,6 +29,10 @@ ARCH_CONFIGS = {
     # Phi-3 / Phi-4: q/k/v and gate/up fused in the checkpoint; a partial rotary variant too.
     "phi3": ("Phi3ForCausalLM", "Phi3Config", {"sliding_window": None}),
     "phi3_partial": ("Phi3ForCausalLM", "Phi3Config", {"sliding_window": None, "partial_rotary_factor": 0.5}),
+    # Phi-3-*-128k / Phi-4-mini's longrope (original context 32: a 40-token prompt's output crosses it).
+    "phi3_longrope": ("Phi3ForCausalLM", "Phi3Config", {
+        "sliding_window": None, "partial_rotary_factor": 0.5, "original_max_position_embeddings": 32,
+        "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [1.5, 3.0, 6.0, 9.0]}}),
 }
 
 # Plain turns render as <|role|>content</s>. Tool-capable (Hermes style): the tool definitions

@@ -9,15 +9,18 @@ import math
 import torch
 
 
-def _default(inv_freq: torch.Tensor, params: dict, max_pos: int) -> tuple[torch.Tensor, float]:
-    return inv_freq, 1.0
+# Each scaling: (inv_freq, params, the config's max position) -> (inv_freq, attention scaling,
+# None or (inv_freq, position): the frequencies from that position on).
+
+def _default(inv_freq: torch.Tensor, params: dict, max_pos: int) -> tuple:
+    return inv_freq, 1.0, None
 
 
-def _linear(inv_freq: torch.Tensor, params: dict, max_pos: int) -> tuple[torch.Tensor, float]:
-    return inv_freq / float(params["factor"]), 1.0
+def _linear(inv_freq: torch.Tensor, params: dict, max_pos: int) -> tuple:
+    return inv_freq / float(params["factor"]), 1.0, None
 
 
-def _llama3(inv_freq: torch.Tensor, params: dict, max_pos: int) -> tuple[torch.Tensor, float]:
+def _llama3(inv_freq: torch.Tensor, params: dict, max_pos: int) -> tuple:
     factor = float(params["factor"])
     low, high = float(params.get("low_freq_factor", 1.0)), float(params.get("high_freq_factor", 4.0))
     old_ctx = float(params["original_max_position_embeddings"])
@@ -27,10 +30,10 @@ def _llama3(inv_freq: torch.Tensor, params: dict, max_pos: int) -> tuple[torch.T
     smooth = (old_ctx / wavelen - low) / (high - low)
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(medium, smoothed, scaled), 1.0
+    return torch.where(medium, smoothed, scaled), 1.0, None
 
 
-def _yarn(inv_freq: torch.Tensor, params: dict, max_pos: int) -> tuple[torch.Tensor, float]:
+def _yarn(inv_freq: torch.Tensor, params: dict, max_pos: int) -> tuple:
     dim = inv_freq.numel() * 2
     base = float(params["rope_theta"])
     factor = float(params["factor"])
@@ -50,10 +53,32 @@ def _yarn(inv_freq: torch.Tensor, params: dict, max_pos: int) -> tuple[torch.Ten
     ramp = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
     extrapolation = 1 - ramp
     inv = inv_freq / factor * (1 - extrapolation) + inv_freq * extrapolation
-    return inv, float(mscale)
+    return inv, float(mscale), None
 
 
-ROPE_SCALINGS = {"default": _default, "linear": _linear, "llama3": _llama3, "yarn": _yarn}
+def _longrope(inv_freq: torch.Tensor, params: dict, max_pos: int) -> tuple:
+    """Phi-3 / Phi-4-mini: each frequency divided by its `short_factor` below the original
+    context and by its `long_factor` from there on, by position. That is transformers' model
+    with its KV cache: each forward takes the long set once its largest position passes the
+    original context, and cached keys keep theirs. (transformers' `generate` instead drops the
+    cache when a sequence passes the original context and recomputes all of it with the long
+    set; a prompt longer than the original context is read with the long set throughout. Where
+    a sequence crosses it, adaspec's output then differs from `generate`'s.)"""
+    orig = int(params["original_max_position_embeddings"])
+    factors = []
+    for key in ("short_factor", "long_factor"):
+        f = torch.tensor(params[key], dtype=torch.float32, device="cpu")   # (not the meta device of a model being built)
+        if f.shape != inv_freq.shape:
+            raise ValueError(f"rope {key} has {f.numel()} values; the rotary dimensions need {inv_freq.numel()}")
+        factors.append(f)
+    factor = params.get("factor") or max_pos / orig
+    scale = params.get("attention_factor")
+    if scale is None:
+        scale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    return inv_freq / factors[0], float(scale), (inv_freq / factors[1], orig)
+
+
+ROPE_SCALINGS = {"default": _default, "linear": _linear, "llama3": _llama3, "yarn": _yarn, "longrope": _longrope}
 
 
 class RotaryEmbedding(torch.nn.Module):
@@ -67,25 +92,33 @@ class RotaryEmbedding(torch.nn.Module):
         # Built on the CPU in float32 and kept out of the module's buffers, so neither a meta
         # device context nor `.to(bfloat16)` can touch it.
         inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.int64, device="cpu").float() / rot_dim))
-        inv_freq, self.attention_scaling = ROPE_SCALINGS[rtype](inv_freq, {**rope_parameters, "rope_theta": theta}, max_position)
+        inv_freq, self.attention_scaling, self.long = ROPE_SCALINGS[rtype](
+            inv_freq, {**rope_parameters, "rope_theta": theta}, max_position)
         self.rot_dim = rot_dim
         self.inv_freq = inv_freq
-        self._on: dict[torch.device, torch.Tensor] = {}
+        self._on: dict[torch.device, tuple] = {}
+
+    def _freqs(self, positions: torch.Tensor) -> torch.Tensor:
+        """[..., rot_dim / 2] angles of `positions` (float32, on their device)."""
+        on = self._on.get(positions.device)
+        if on is None:
+            long = None if self.long is None else (self.long[0].to(positions.device), self.long[1])
+            on = self._on[positions.device] = (self.inv_freq.to(positions.device), long)
+        inv, long = on
+        pos = positions.float().unsqueeze(-1)
+        if long is not None:   # longrope: other frequencies from the original context on
+            inv = torch.where(pos >= long[1], long[0], inv)
+        return pos * inv
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        inv = self._on.get(positions.device)
-        if inv is None:
-            inv = self._on[positions.device] = self.inv_freq.to(positions.device)
-        freqs = positions.float().unsqueeze(-1) * inv.unsqueeze(0)
+        freqs = self._freqs(positions)
         emb = torch.cat([freqs, freqs], dim=-1)
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
-
 
     def cos_sin_cache(self, max_positions: int, device: torch.device) -> torch.Tensor:
         """[max_positions, rot_dim] float32: cos(freqs) | sin(freqs), attention scaling applied
         (the layout `fused_ops.rotary_qkv_store` reads by position)."""
-        pos = torch.arange(max_positions, dtype=torch.float32, device="cpu")
-        freqs = pos.unsqueeze(-1) * self.inv_freq.unsqueeze(0)
+        freqs = self._freqs(torch.arange(max_positions, dtype=torch.float32, device="cpu"))
         return (torch.cat([freqs.cos(), freqs.sin()], dim=-1) * self.attention_scaling).to(device)
 
 

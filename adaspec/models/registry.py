@@ -30,7 +30,8 @@ def read_json(path: Path) -> dict:
 
 def rope_parameters(cfg: dict) -> dict:
     """transformers >= 5 writes `rope_parameters`; older configs `rope_theta` + `rope_scaling`
-    (and a top-level `partial_rotary_factor`, as GLM-4.5 publishes it)."""
+    (and a top-level `partial_rotary_factor`, as GLM-4.5 publishes it, or
+    `original_max_position_embeddings`, as Phi-3 does)."""
     params = dict(cfg.get("rope_parameters") or {})
     if not params:
         params = dict(cfg.get("rope_scaling") or {})
@@ -40,6 +41,10 @@ def rope_parameters(cfg: dict) -> dict:
     if "type" in params and "rope_type" not in params:
         params["rope_type"] = params.pop("type")
     params.setdefault("rope_type", "default")
+    if params["rope_type"] == "su":   # Phi-3's first name for longrope
+        params["rope_type"] = "longrope"
+    if cfg.get("original_max_position_embeddings") is not None:   # Phi-3 keeps it at the top level
+        params.setdefault("original_max_position_embeddings", cfg["original_max_position_embeddings"])
     params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
     return params
 

@@ -1,7 +1,7 @@
 """Llama-family variants that published checkpoints use, each equal to transformers' greedy
 output: biases on every Llama projection (`attention_bias` covers o_proj too, `mlp_bias` the
 MLP), Qwen3 with YaRN rope, Phi-3 / Phi-4 (fused qkv_proj and gate_up_proj in the checkpoint,
-a partial rotary variant); speculation on them stays lossless. A checkpoint bias the config
+partial rotary, longrope across its original context); speculation on them stays lossless. A checkpoint bias the config
 leaves no place for is a load error, not a silently different model."""
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from helpers import MAX_NEW, assert_matches_reference, hf_greedy, prompts_of_len
 GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
 
 
-@pytest.mark.parametrize("arch", ["llama_bias", "qwen3_yarn", "phi3", "phi3_partial"])
+@pytest.mark.parametrize("arch", ["llama_bias", "qwen3_yarn", "phi3", "phi3_partial", "phi3_longrope"])
 def test_variant_equals_transformers_and_speculation_is_lossless(arch, tmp_path):
     d = make_tiny_model(tmp_path / arch, arch, max_position=256)
-    prompts = prompts_of_lengths([9, 40], seed=7)   # the second runs past YaRN's original 32 positions
+    # The second runs past YaRN's original 32 positions; longrope's stay within theirs (past it,
+    # transformers' generate recomputes the sequence: the next test compares there).
+    prompts = prompts_of_lengths([9, 8 if arch == "phi3_longrope" else 40], seed=7)
     plain = LLM(str(d), device="cpu", dtype="float32").generate(prompts, GREEDY)
     for p, o in zip(prompts, plain):
         ref, logits = hf_greedy(str(d), p, MAX_NEW)
@@ -62,3 +64,29 @@ def test_unread_checkpoint_tensors_are_named_in_a_warning(tmp_path, caplog):
         LLM(str(d), device="cpu", dtype="float32")
     said = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
     assert len(said) == 1 and "1 tensor(s)" in said[0] and "model.mtp_layers.0.weight" in said[0]
+
+
+def test_longrope_past_the_original_context_equals_transformers_cached_forward(tmp_path):
+    """Past the original context longrope takes its long factors from that position on, as
+    transformers' model does with its KV cache, one token per forward (its `generate` instead
+    recomputes the whole sequence there: rotary.py `_longrope`)."""
+    import inspect
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    d = make_tiny_model(tmp_path / "lr", "phi3_longrope", max_position=256)
+    prompt = prompts_of_lengths([20], seed=7)[0]            # 20 + 24 tokens cross position 32
+    got = LLM(str(d), device="cpu", dtype="float32").generate([prompt], GREEDY)[0].token_ids
+    m = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
+    key = "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"   # (renamed in 5.x)
+    want = []
+    with torch.no_grad():
+        out = m(torch.tensor([prompt]), use_cache=True)
+        for _ in range(MAX_NEW):
+            want.append(int(out.logits[0, -1].argmax()))
+            cache = out.get("cache") if out.get("cache") is not None else out.past_key_values
+            out = m(torch.tensor([[want[-1]]]), use_cache=True, **{key: cache})
+    assert got == want
+    short = LLM(str(d), device="cpu", dtype="float32", max_model_len=64)   # (the same cache, cut shorter)
+    assert short.generate([prompt], GREEDY)[0].token_ids == want
