@@ -280,3 +280,10 @@ def test_step_outputs_are_snapshots_unless_delta_outputs(llama_dir):
         else:
             assert all(o.token_ids == ids for o, ids, _ in seen)          # each kept its own
             assert len(seen) > 1 and len(seen[0][1]) < len(seen[-1][1])
+
+
+def test_max_model_len_beyond_the_trained_positions_is_warned(llama_dir, caplog):
+    """vLLM refuses it; rope scaling can make it sensible, so adaspec serves it and says so."""
+    with caplog.at_level("WARNING", logger="adaspec"):
+        llm = LLM(llama_dir, device="cpu", dtype="float32", max_model_len=600, num_gpu_blocks_override=64)
+    assert llm.engine.max_model_len == 600 and "max_position_embeddings=512" in caplog.text
