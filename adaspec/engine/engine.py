@@ -117,7 +117,7 @@ class Engine:
         trained = self.runner.model_spec.max_position
         if wanted is not None and wanted > trained:   # (vLLM refuses this; rope scaling may cover it)
             log.warning("max_model_len=%d is beyond the model's max_position_embeddings=%d: positions past it "
-                           "were never trained and outputs there may degrade", wanted, trained)
+                        "were never trained and outputs there may degrade", wanted, trained)
         self.max_model_len = min(wanted or trained, capacity)
         self.runner.setup(self.max_model_len)
         self.kv = KVCacheManager(self.runner.num_blocks, bs, cfg.cache.enable_prefix_caching)

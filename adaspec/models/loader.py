@@ -78,10 +78,6 @@ def iter_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | N
     parallelism: a rank reads its shard; safetensors reads just those bytes)."""
     from safetensors import safe_open
 
-    def cut(name, t):
-        p = part(name) if part is not None else None
-        return t if p is None else t.narrow(p[0], p[1], p[2] - p[1])
-
     for f in checkpoint_files(model_dir, load_format):
         if f.suffix == ".safetensors":
             with safe_open(str(f), framework="pt") as sf:
@@ -105,7 +101,7 @@ def iter_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | N
         for name, t in state.items():
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"{f}: entry {name!r} is a {type(t).__name__}, not a tensor")
-            yield name, cut(name, t).contiguous() if part is not None else t
+            yield name, _cut(part, name, t).contiguous() if part is not None else t
         del state
 
 
@@ -125,8 +121,13 @@ def checkpoint_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, in
     if fused is not None:
         stream = split_fused(stream, fused)
     for name, t in stream:
-        p = part(name) if part is not None else None
-        yield name, t if p is None else t.narrow(p[0], p[1], p[2] - p[1])
+        yield name, _cut(part, name, t)
+
+
+def _cut(part, name: str, t: torch.Tensor) -> torch.Tensor:
+    """`part(name)`'s slice of a tensor already read whole (all of it without one)."""
+    p = part(name) if part is not None else None
+    return t if p is None else t.narrow(p[0], p[1], p[2] - p[1])
 
 
 def split_fused(stream: Iterator[tuple[str, torch.Tensor]], spec) -> Iterator[tuple[str, torch.Tensor]]:

@@ -137,11 +137,6 @@ class OpenAIServing:
         if bad is not None:
             raise APIError(bad[1], param=bad[0])
 
-    def _encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
-        if self.tokenizer is None:
-            raise APIError("this model has no tokenizer: send the prompt as token ids", param=param)
-        return encode_text(self.tokenizer, text, add_special_tokens)
-
     def prepare_completion(self, req: CompletionRequest) -> list[Prepared]:
         self._check_common(req)
         p = req.prompt
@@ -166,7 +161,9 @@ class OpenAIServing:
                 if not item:
                     raise APIError("the prompt is empty", param="prompt")
                 self._check_prompt_chars(len(item), "prompt")
-                ids = self._encode(item, "prompt", req.add_special_tokens is not False)
+                if self.tokenizer is None:
+                    raise APIError("this model has no tokenizer: send the prompt as token ids", param="prompt")
+                ids = encode_text(self.tokenizer, item, req.add_special_tokens is not False)
             else:
                 ids = list(item)
             choices = prepare_choices(self.aengine, req, ids, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt", structured)
