@@ -111,11 +111,9 @@ def _legalize(m, out: torch.Tensor, rows: list[int], tokens: np.ndarray, path: l
     for i in range(1, len(path)):
         row, t = host[rows[i - 1]], int(tokens[path[i]])
         if not (int(row[t >> 5]) >> (t & 31)) & 1:
-            allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[:vocab])
-            if allowed.size == 0:
+            t = nearest_allowed(row, t, vocab)
+            if t < 0:
                 break
-            j = int(np.searchsorted(allowed, t))
-            t = int(min((allowed[x] for x in (j - 1, j) if 0 <= x < allowed.size), key=lambda a: abs(int(a) - t)))
             tokens[path[i]], replaced = t, True
         if not m.accept_token(t):
             break
@@ -126,6 +124,35 @@ def _legalize(m, out: torch.Tensor, rows: list[int], tokens: np.ndarray, path: l
     if walked:
         m.rollback(walked)
     return replaced
+
+
+def nearest_allowed(row: np.ndarray, t: int, vocab: int) -> int:
+    """The token below `vocab` nearest to `t` (the lower one on a tie) whose bit is set in
+    the packed bitmask `row` ([W] int32), or -1 when none is. Searched word by word: the
+    nonzero words around t's own (a 128K-token row is 4K words; unpacking it into bits at
+    every forbidden draft made a grammar step at 64 requests 40% slower on the H200)."""
+    words = np.flatnonzero(row)
+    if words.size == 0:
+        return -1
+    w = t >> 5
+    j = int(np.searchsorted(words, w))
+    cands = []
+    if j < words.size and words[j] == w:   # t's own word: every allowed token in it
+        x = int(row[w]) & 0xFFFFFFFF
+        cands += [(w << 5) + b for b in range(32) if (x >> b) & 1]
+        below, above = j - 1, j + 1
+    else:
+        below, above = j - 1, j
+    if below >= 0:   # the highest allowed token of the nearest nonzero word below
+        x = int(row[words[below]]) & 0xFFFFFFFF
+        cands.append((int(words[below]) << 5) + x.bit_length() - 1)
+    if above < words.size:   # the lowest of the nearest nonzero word above
+        x = int(row[words[above]]) & 0xFFFFFFFF
+        cands.append((int(words[above]) << 5) + (x & -x).bit_length() - 1)
+    cands = [a for a in cands if a < vocab]
+    if not cands:
+        return -1
+    return min(cands, key=lambda a: (abs(a - t), a))
 
 
 def _revive_rejected(mask: np.ndarray, ks: np.ndarray, tokens: np.ndarray, parents: np.ndarray | None) -> None:

@@ -61,6 +61,34 @@ def test_simulated_acceptance_legalizes_forbidden_drafts(tree):
     assert grammar.accept(2) and not grammar.done   # the matcher is back at the start: 'c' is a first token
 
 
+@pytest.mark.parametrize("vocab", [8, 77, 1000, 4099])
+def test_nearest_allowed_token_equals_a_search_over_every_token(vocab):
+    """The legalize walk's word-by-word search finds what a search over the unpacked row
+    finds: the nearest allowed token below `vocab`, the lower one on a tie, -1 when none; over
+    dense, sparse, one-word and empty rows, bits past `vocab` set or not."""
+    import numpy as np
+
+    from adaspec.structured.bitmask import nearest_allowed
+
+    rng = np.random.default_rng(vocab)
+    W = bitmask_width(vocab)
+    checked = 0
+    for density in (0.0, 0.001, 0.02, 0.5, 0.97):
+        for _ in range(40):
+            bits = rng.random(W * 32) < density
+            if density == 0.001 and rng.random() < 0.5:   # all allowed tokens in one word
+                bits[:] = False
+                w = rng.integers(W)
+                bits[w * 32: w * 32 + 32] = rng.random(32) < 0.3
+            row = np.packbits(bits, bitorder="little").view(np.int32).copy()
+            allowed = [a for a in range(vocab) if bits[a]]
+            for t in rng.integers(0, vocab, 6).tolist() + [0, vocab - 1]:
+                want = min(allowed, key=lambda a: (abs(a - t), a)) if allowed else -1
+                assert nearest_allowed(row, t, vocab) == want, (density, t)
+                checked += 1
+    assert checked == 5 * 40 * 8
+
+
 def test_simulated_acceptance_does_not_depend_on_a_random_heads_legality(tok_model_dir, tok_head_dir):
     """With simulated acceptance a request with a grammar accepts drafts about as often as one
     without (a random head's drafts are mostly illegal: it accepted a third as many before its
