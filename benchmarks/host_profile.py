@@ -28,6 +28,9 @@ from gpu_fast_path import _HostClock, profile_steps   # (benchmarks/: the fast-p
 CONFIGS = {"off": {}, "chain1": dict(speculation="always", num_steps=1), "chain2": dict(speculation="always", num_steps=2),
            "chain3": dict(speculation="always", num_steps=3), "chain4": dict(speculation="always", num_steps=4),
            "auto": dict(speculation="auto", num_steps=4),
+           # the demo defaults (`adaspec serve` with no arguments: auto up to 8) against always 8
+           "chain8": dict(speculation="always", num_steps=8), "auto8": dict(speculation="auto", num_steps=8),
+           "auto8-noprofile": dict(speculation="auto", num_steps=8, auto_profile=False),
            "tree": dict(speculation="always", num_steps=6, topk=4, num_draft_tokens=16)}
 
 
