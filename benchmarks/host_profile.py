@@ -61,12 +61,14 @@ def measure(llm: LLM, args) -> dict:
         eng.step()
     runner = eng.runner
     clock = _HostClock(runner)
-    spans = []
+    spans, walls = [], []
     t0 = time.perf_counter()
     for _ in range(args.steps):
         eng.step()
         spans.append(runner.last_step_time * 1e3)
+        walls.append(time.perf_counter())
     wall = (time.perf_counter() - t0) / args.steps * 1e3
+    gaps = sorted(1e3 * (b - a) for a, b in zip([t0] + walls, walls))
     clock.stop()
     pr = cProfile.Profile()
     pr.enable()
@@ -81,7 +83,7 @@ def measure(llm: LLM, args) -> dict:
     st = llm.stats()
     n = args.steps
     kernels = profile_steps(eng, steps=30) if args.kernels and torch.cuda.is_available() else None
-    return {"kernels": kernels, "step_ms": wall, "event_step_ms": sorted(spans)[len(spans) // 2],
+    return {"kernels": kernels, "step_ms": wall, "step_ms_p10_p50_p90": [gaps[len(gaps) * q // 10] for q in (1, 5, 9)], "event_step_ms": sorted(spans)[len(spans) // 2],
             "host_launch_ms": clock.launch / n * 1e3, "host_wait_ms": clock.wait / n * 1e3,
             "host_busy_ms": wall - clock.wait / n * 1e3, "accept_length": st.get("accept_length"),
             "tokens_per_step": st["generation_tokens"] / max(1, st["num_steps"]), "profile": tables}
@@ -103,11 +105,12 @@ def main() -> None:
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "args": vars(args), "configs": {}}
-    for c in args.configs.split(","):
+    for i, c in enumerate(args.configs.split(",")):   # (a config named twice is measured twice)
         llm = build(args, c)
         r = measure(llm, args)
-        res["configs"][c] = r
-        print(f"{c}: step {r['step_ms']:.3f} ms (event {r['event_step_ms']:.3f}), host busy {r['host_busy_ms']:.3f}, "
+        res["configs"][c if c not in res["configs"] else f"{c}#{i}"] = r
+        print(f"{c}: step {r['step_ms']:.3f} ms (p10/50/90 {'/'.join(f'{x:.3f}' for x in r['step_ms_p10_p50_p90'])}; "
+              f"event {r['event_step_ms']:.3f}), host busy {r['host_busy_ms']:.3f}, "
               f"launch {r['host_launch_ms']:.3f}, wait {r['host_wait_ms']:.3f}, tokens/step {r['tokens_per_step']:.2f}",
               flush=True)
         if r["kernels"]:
