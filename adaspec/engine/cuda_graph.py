@@ -7,8 +7,12 @@ decode graphs also without the refresh, for steps in which no request may specul
 plain, with logprobs, and with a grammar's bitmask.
 One memory pool is shared by all graphs (captured largest first). A batch between buckets is
 padded with requests that have no keys and write no KV (their blocks map to the runner's
-scratch block). Anything else (prefill, mixed steps, shapes over the token cap, sampled or
-penalized verification) runs eagerly.
+scratch block). A step of ONE request whose rows fit no such graph (a prompt or its chunk, a
+catch-up) runs the target graph of batch 1 and the next of `PREFILL_ROWS`, its rows padded
+(rows that see one key and write no KV), and its post-forward eagerly: at batch 1 an eager
+prompt step is host time (95 launches; 7-10 ms for the demo pair on the H200 against
+0.2 ms of device work), paid once per request. Anything else (prompts of several requests,
+mixed steps, shapes over the token cap, sampled or penalized verification) runs eagerly.
 
 Capture stages its dummy batches with the step's own layout functions (`step_layout`,
 `verify_step`, `draft_step`) into the step's own staging buffers: the target forward's
@@ -37,6 +41,8 @@ from adaspec.spec_decode.policy import SpeculationPolicy
 log = logging.getLogger("adaspec")
 
 MAX_GRAPH_TOKENS = 2048
+#: Row counts of the batch-1 target graphs a single request's prompt rows are padded to.
+PREFILL_ROWS = (16, 32, 64, 128)
 
 
 def batch_buckets(max_bs: int) -> list[int]:
@@ -190,9 +196,12 @@ class CudaGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         buckets = batch_buckets(g.max_num_seqs)
         todo = [(b, q, tree) for q, tree in self.shapes() for b in buckets if b * q <= MAX_GRAPH_TOKENS]
-        for b, q, tree in sorted(todo, key=lambda x: -x[0] * x[1]):
+        prefill = [(1, q, False) for q in self.prefill_rows() if (1, q, False) not in todo]
+        for b, q, tree in sorted(todo + prefill, key=lambda x: -x[0] * x[1]):
             self.graphs[(b, q, tree)] = self._capture(b, q, tree)
         for (b, q, tree), tg in sorted(self.graphs.items(), key=lambda x: -x[0][0] * x[0][1]):
+            if (b, q, tree) in prefill:   # (their post-forward runs eagerly: module docstring)
+                continue
             for depth, kind, refresh in self.post_shapes(q, tree):
                 for extra in self.post_extras():
                     self.post_graphs[(b, q, tree, depth, kind, refresh, extra)] = self._capture_post(
@@ -215,10 +224,21 @@ class CudaGraphs:
         """The captured batch size that holds B requests (None: above every bucket)."""
         return next((b for b in batch_buckets(self.g.max_num_seqs) if b >= B), None)
 
+    def prefill_rows(self) -> list[int]:
+        """The `PREFILL_ROWS` a request's rows can fill (no more than the context holds)."""
+        return [q for q in PREFILL_ROWS if q <= min(self.g.max_model_len, MAX_GRAPH_TOKENS)]
+
     def lookup(self, q_lens: list[int], tree: bool) -> _Graph | None:
+        """The target graph of a step whose requests have `q_lens` rows each: the uniform
+        batch's, else for one request the batch-1 graph of the fewest rows that hold its own
+        (`graph.q > q_lens[0]`: the caller pads its rows, `ForwardInputs.pad_rows`)."""
         if not q_lens or any(q != q_lens[0] for q in q_lens):
             return None
-        return self.graphs.get((self.bucket(len(q_lens)), q_lens[0], tree))
+        g = self.graphs.get((self.bucket(len(q_lens)), q_lens[0], tree))
+        if g is None and len(q_lens) == 1 and not tree:
+            q = next((q for q in self.prefill_rows() if q >= q_lens[0]), None)
+            g = self.graphs.get((1, q, False)) if q is not None else None
+        return g
 
     def tree_shapes(self) -> list:
         """Tree shapes a step may draft: the configured one capped at each depth (a step's

@@ -345,8 +345,8 @@ class ModelRunner:
             post = self.graphs.post_graph(graph, D, "sim" if sim is not None else "greedy",
                                           refresh=self.draft is not None and any(s.refresh for s in sched),
                                           extra=next(iter(want), None))
-        if extra:  # padding requests of the captured batch size: no keys, no KV writes
-            fi.pad(extra, fi.q_lens[0], lay.tree)
+        if graph is not None:   # padded to the graph's batch, or one request's rows to its rows
+            fi.fit(graph.batch, graph.q, lay.tree)
         stg = self.stg
         stg.begin()
         shift = shift_d = srows = sreqs = None

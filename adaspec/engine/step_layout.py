@@ -115,6 +115,27 @@ class ForwardInputs:
         if tree:
             self.mask += [np.zeros(q * q, np.uint8)] * extra
 
+    def fit(self, b: int, q: int, tree: bool) -> None:
+        """Fill the shape of a target graph of b requests of q rows (`CudaGraphs.lookup`):
+        padding requests (`pad`), or one request's padding rows (`pad_rows`)."""
+        if len(self.q_lens) < b:
+            self.pad(b - len(self.q_lens), q, tree)
+        elif self.q_lens[0] < q:
+            self.pad_rows(q)
+
+    def pad_rows(self, q: int) -> None:
+        """Give the step's one request `q` rows (a batch-1 graph's, `CudaGraphs.lookup`): the
+        rows added after its own see key 0 only (attention's causality is by cache index), write
+        no KV, and nothing reads their outputs (a request's sampled and refreshed rows are
+        its own, by row index)."""
+        assert len(self.q_lens) == 1 and not self.mask and q >= self.q_lens[0]
+        n = q - self.q_lens[0]
+        self.ids += [0] * n
+        self.positions += [0] * n
+        self.cache_index += [0] * n
+        self.slots += [-1] * n
+        self.q_lens[0] = q
+
     @classmethod
     def padding(cls, b: int, q: int, tree: bool) -> "ForwardInputs":
         """A batch of b padding requests (what CUDA graphs are captured on)."""

@@ -78,8 +78,8 @@ def _extras(shape: str, k: int) -> dict:
     return {}
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypatch):
+def _stand_in_capture(monkeypatch) -> list[int]:
+    """Capture on CPU: `_record` keeps the function (see `_Replay`); the list counts replays."""
     replays: list[int] = []
     for name in ("synchronize", "empty_cache"):
         monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
@@ -91,6 +91,46 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
         return _Replay(fn, out, replays), out
 
     monkeypatch.setattr(cuda_graph.CudaGraphs, "_record", record)
+    return replays
+
+
+@pytest.mark.parametrize("shape", ["off", "chain3", "chain3-sim"])
+def test_one_requests_prompt_replays_a_padded_graph(agree_dir, trained_head, shape, monkeypatch):
+    """A prompt (or its chunk) of one request runs the batch-1 target graph of the next
+    PREFILL_ROWS, its rows padded: the same tokens and drafts as eager steps, prompts of 1 to
+    a bucket's full size, chunked ones included; only a chunk over the largest bucket runs
+    eagerly. Padding rows must not write KV nor shift what the real rows see."""
+    _stand_in_capture(monkeypatch)
+    kw = SHAPES[shape]
+    lengths = [1, 7, 16, 17, 40, 128, 150]
+    prompts = prompts_of_lengths(lengths, seed=5)
+    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outs, stats = {}, {}
+    for graphs in (False, True):
+        llm = LLM(agree_dir, device="cpu", dtype="float32", max_num_seqs=4, block_size=4,
+                  max_num_batched_tokens=100, **(dict(draft=trained_head) if kw else {}), **kw)
+        runner = llm.engine.runner
+        if graphs:
+            runner.graphs = runner.make_graphs()
+            runner.graphs.capture_all()
+            assert {q for b, q, t in runner.graphs.graphs if b == 1} >= set(cuda_graph.PREFILL_ROWS)
+        outs[graphs] = [llm.generate([p], sp)[0].token_ids for p in prompts]   # one at a time
+        stats[graphs] = llm.stats()
+    assert outs[True] == outs[False]
+    assert all(len(o) == 12 for o in outs[True])
+    st = stats[True]
+    # Every step has a graph: the 150-token prompt runs in chunks of 100 and 50 rows (the
+    # step's token budget), padded to 128 and 64.
+    assert st["launches"].get("target_eager", 0) == 0 and st["launches"]["target_graph"] > 0, st["launches"]
+    assert stats[False]["launches"].get("target_graph", 0) == 0
+    assert st["num_free_blocks"] == st["num_total_blocks"]
+    if kw:
+        assert st["accepted_tokens"] == stats[False]["accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypatch):
+    replays = _stand_in_capture(monkeypatch)
     post_replays: list[int] = []
     post_replay = cuda_graph._PostGraph.replay
 
