@@ -382,7 +382,9 @@ class AutoPolicy(SpeculationPolicy):
             if decode is not None:
                 self.token_samples.append((fb.num_prefill_tokens, max(0.0, fb.step_time - decode)))
                 self._catchup_fit = None
-        prior = self.rate_estimates()
+        # (the estimates only while a depth has no evidence yet: they change with every
+        # observation, and at batch 1 a policy's work is host time of every step)
+        prior = self.rate_estimates() if None in self.rates else None
         for i, (a, n) in enumerate(zip(fb.accepted_per_position, fb.drafted_per_position)):
             if n:
                 r = a / n
