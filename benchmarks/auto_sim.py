@@ -132,6 +132,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=40)
     ap.add_argument("--noise", type=float, default=0.05, help="step costs vary by +- this fraction")
     ap.add_argument("--ema", type=float, default=None)
+    ap.add_argument("--margin", type=float, default=None, help="AutoPolicy's margin (a choice is kept unless beaten by it)")
     ap.add_argument("--probe-every", type=int, default=None)
     ap.add_argument("--thin", type=int, default=None, help="AutoPolicy.THIN_EVIDENCE")
     ap.add_argument("--drift", type=float, default=0.0, help="the host's speed factor range, +- this fraction")
@@ -154,7 +155,8 @@ def main(argv=None) -> int:
     cond = [float(x) for x in a.cond.split(",")]
     if len(cond) != len(costs) - 1:
         raise SystemExit(f"--cond needs {len(costs) - 1} rates (one per draft position), got {len(cond)}")
-    policy = {k: v for k, v in (("ema", a.ema), ("probe_every", a.probe_every), ("thin", a.thin)) if v is not None}
+    policy = {k: v for k, v in (("ema", a.ema), ("margin", a.margin), ("probe_every", a.probe_every),
+                                                ("thin", a.thin)) if v is not None}
     profile = [float(x) / 1e3 for x in a.profile.split(",")] if a.profile else None
     if profile is not None and len(profile) != len(costs):
         raise SystemExit(f"--profile needs {len(costs)} figures, got {len(profile)}")
