@@ -105,7 +105,7 @@ def test_one_requests_prompt_replays_a_padded_graph(agree_dir, trained_head, sha
     lengths = [1, 7, 16, 17, 40, 128, 150]
     prompts = prompts_of_lengths(lengths, seed=5)
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    outs, stats = {}, {}
+    outs, stats, plps = {}, {}, {}
     for graphs in (False, True):
         llm = LLM(agree_dir, device="cpu", dtype="float32", max_num_seqs=4, block_size=4,
                   max_num_batched_tokens=100, **(dict(draft=trained_head) if kw else {}), **kw)
@@ -115,9 +115,16 @@ def test_one_requests_prompt_replays_a_padded_graph(agree_dir, trained_head, sha
             runner.graphs.capture_all()
             assert {q for b, q, t in runner.graphs.graphs if b == 1} >= set(cuda_graph.PREFILL_ROWS)
         outs[graphs] = [llm.generate([p], sp)[0].token_ids for p in prompts]   # one at a time
+        # ... and a prompt's log-probabilities, read from the padded graph's hidden rows
+        lp = llm.generate([prompts[4]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True,
+                                                       prompt_logprobs=2, logprobs=1))[0]
+        plps[graphs] = lp.prompt_logprobs   # [None, (logprob, [(token, logprob), ...]), ...]
         stats[graphs] = llm.stats()
     assert outs[True] == outs[False]
     assert all(len(o) == 12 for o in outs[True])
+    assert len(plps[True]) == 40 and plps[True][0] is None
+    for (lp, top), (lp_ref, top_ref) in zip(plps[True][1:], plps[False][1:]):
+        assert lp == pytest.approx(lp_ref, abs=1e-5) and [t for t, _ in top] == [t for t, _ in top_ref]
     st = stats[True]
     # Every step has a graph: the 150-token prompt runs in chunks of 100 and 50 rows (the
     # step's token budget), padded to 128 and 64.
