@@ -73,6 +73,7 @@ class AutoPolicy(SpeculationPolicy):
         self.prior_rate = prior_rate
         self.times = CostTable()                                  # (depth, bucket) -> seconds
         self.samples: dict[tuple[int, int], deque] = {}           # the recent step times behind each
+        self._lows: dict[tuple[int, int], float] = {}              # ... and their minimum (`_sample`)
         self.profiled: set[tuple[int, int]] = set()   # entries still the start-up profile's (see warm_up)
         self.sampled_at: dict[tuple[int, int], int] = {}   # entry -> the observed step that last sampled it
         self.num_observed = 0
@@ -275,7 +276,7 @@ class AutoPolicy(SpeculationPolicy):
         if self.steps_since_spec < max(1, self.probe_every // 10):   # no probe can be due yet
             return self.shapes[self.depth]
         if self.steps_since_spec < self.probe_every and \
-                all(self.evidence[d - 1] >= self.THIN_EVIDENCE for d in range(self.depth + 1, self.max_depth + 1)):
+                min(self.evidence[self.depth:], default=self.THIN_EVIDENCE) >= self.THIN_EVIDENCE:
             return self.shapes[self.depth]   # ... nor before probe_every, but a thin level's
         deeper = [d for d in range(self.depth + 1, self.max_depth + 1) if self._could_win(batch_size, self.depth, d)]
         # (by today's goodput, untimed first: probing one level at a time from off took hundreds
@@ -407,10 +408,21 @@ class AutoPolicy(SpeculationPolicy):
         if key in self.profiled:   # the first step measured in service replaces the profile's figure
             self.profiled.discard(key)
             self.samples.pop(key, None)
-        recent = self.samples.setdefault(key, deque(maxlen=self.window))
+        recent = self.samples.get(key)
+        if recent is None:
+            recent = self.samples[key] = deque(maxlen=self.window)
+        # The window's minimum, kept as samples come and go: only when the one leaving was
+        # the minimum is the window searched again (a decision is host time of every step).
+        low = self._lows.get(key)
+        leaving = recent[0] if len(recent) == recent.maxlen else None
         recent.append(t)
+        if low is None or len(recent) == 1 or leaving == low:   # (1: a new window)
+            low = min(recent)
+        elif t < low:
+            low = t
+        self._lows[key] = low
         self.sampled_at[key] = self.num_observed
-        self.times[key] = min(recent)
+        self.times[key] = low
 
     def describe(self) -> dict:
         cost: dict[str, dict[int, float]] = {}
