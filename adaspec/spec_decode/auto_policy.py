@@ -408,18 +408,12 @@ class AutoPolicy(SpeculationPolicy):
         if key in self.profiled:   # the first step measured in service replaces the profile's figure
             self.profiled.discard(key)
             self.samples.pop(key, None)
-        recent = self.samples.get(key)
-        if recent is None:
-            recent = self.samples[key] = deque(maxlen=self.window)
-        # The window's minimum, kept as samples come and go: only when the one leaving was
-        # the minimum is the window searched again (a decision is host time of every step).
-        low = self._lows.get(key)
-        leaving = recent[0] if len(recent) == recent.maxlen else None
+        recent = self.samples.get(key) or self.samples.setdefault(key, deque(maxlen=self.window))
+        # The window's minimum, searched again only when the one leaving was it or the window
+        # is new (at batch 1 a policy's work is host time of every step).
+        low, leaving = self._lows.get(key), recent[0] if len(recent) == recent.maxlen else None
         recent.append(t)
-        if low is None or len(recent) == 1 or leaving == low:   # (1: a new window)
-            low = min(recent)
-        elif t < low:
-            low = t
+        low = min(recent) if low is None or len(recent) == 1 or leaving == low else min(low, t)
         self._lows[key] = low
         self.sampled_at[key] = self.num_observed
         self.times[key] = low
