@@ -235,9 +235,10 @@ class AutoPolicy(SpeculationPolicy):
 
     def keeps_draft_fresh(self, batch_size: int) -> bool:
         """Near the break-even (a depth's goodput within FRESH_WITHIN of off's at the last
-        decision) the choice flips, and at batch 1 each flip back cost a catch-up step without
-        a CUDA graph (5 ms on the H200 for the demo pair, 1 ms a step), where the refresh rides
-        in the post graph. Far from it (dense targets under load), off still costs nothing."""
+        decision) the choice flips, and at batch 1 each flip back cost a catch-up step with an
+        eager post-forward (5 ms on the H200 for the demo pair before its target forward got a
+        padded graph, 1 ms a step), where the refresh rides in the post graph. Far from it
+        (dense targets under load), off still costs nothing."""
         g = self.last_goodputs
         return 0 in g and max((v for d, v in g.items() if d), default=0.0) >= self.FRESH_WITHIN * g[0]
 
