@@ -61,10 +61,10 @@ def simulate(costs: list[float], cond: list[float], b: int, steps: int, seed: in
              drift: float = 0.0, period: int = 0, spike_rate: float = 0.0, spike_factor: float = 1.0,
              profile: list[float] | None = None, noise_draws: list[float] | None = None,
              regime_every: int = 0, regime_spread: float = 0.0, fixed: int | None = None, **policy) -> dict:
-    thin = policy.pop("thin", None)
+    attrs = {k: policy.pop(k) for k in ("thin", "quantile", "table_tolerance") if k in policy}
     pol = AutoPolicy(SpecConfig(draft="sim", num_steps=len(costs) - 1), **policy)
-    if thin is not None:
-        pol.THIN_EVIDENCE = thin
+    for k, v in attrs.items():   # class constants, set on this instance
+        setattr(pol, "THIN_EVIDENCE" if k == "thin" else k.upper(), v)
     for d, t in enumerate(profile or costs):   # the start-up profile's figures
         key = (d, pol.bucket(b))
         pol._sample(key, t)
@@ -135,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--margin", type=float, default=None, help="AutoPolicy's margin (a choice is kept unless beaten by it)")
     ap.add_argument("--probe-every", type=int, default=None)
     ap.add_argument("--thin", type=int, default=None, help="AutoPolicy.THIN_EVIDENCE")
+    ap.add_argument("--quantile", type=float, default=None, help="AutoPolicy.QUANTILE (0: a window's fastest step)")
+    ap.add_argument("--table-tolerance", type=float, default=None, help="AutoPolicy.TABLE_TOLERANCE")
     ap.add_argument("--drift", type=float, default=0.0, help="the host's speed factor range, +- this fraction")
     ap.add_argument("--drift-period", type=int, default=0, help="steps between the host's speed changes")
     ap.add_argument("--spike-rate", type=float, default=0.0, help="chance that a step is a host hiccup")
@@ -156,7 +158,8 @@ def main(argv=None) -> int:
     if len(cond) != len(costs) - 1:
         raise SystemExit(f"--cond needs {len(costs) - 1} rates (one per draft position), got {len(cond)}")
     policy = {k: v for k, v in (("ema", a.ema), ("margin", a.margin), ("probe_every", a.probe_every),
-                                                ("thin", a.thin)) if v is not None}
+                                                ("thin", a.thin), ("quantile", a.quantile),
+                                                ("table_tolerance", a.table_tolerance)) if v is not None}
     profile = [float(x) / 1e3 for x in a.profile.split(",")] if a.profile else None
     if profile is not None and len(profile) != len(costs):
         raise SystemExit(f"--profile needs {len(costs)} figures, got {len(profile)}")

@@ -7,7 +7,7 @@ import time
 from collections import deque
 
 from adaspec.config import SpecConfig
-from adaspec.spec_decode.cost_table import CostTable
+from adaspec.spec_decode.cost_table import CostTable, CostWindow
 from adaspec.spec_decode.policy_base import SpeculationPolicy, StepFeedback
 from adaspec.spec_decode.tree import DraftShape
 
@@ -22,13 +22,15 @@ class AutoPolicy(SpeculationPolicy):
                 (per drafted token: a running mean over its first tokens, then an EMA of ~14
                 tokens' memory, so that batch 1's one token per step does not swing it; depths
                 never measured are extrapolated geometrically from the deepest one that was);
-      T(b, d) = measured step time at batch b with depth-d drafts: the fastest of the last
-                `window` steps per batch-size bucket (seeded by a start-up profile,
+      T(b, d) = measured step time at batch b with depth-d drafts: the `QUANTILE` of the
+                last `window` steps per batch-size bucket (seeded by a start-up profile,
                 interpolated between buckets). Not a mean: on the H200, runs of steps at
                 one depth were timed 40-70% slow (the host, not the device, setting the
                 pace), and a mean then priced the depth in use out against depths timed
-                earlier, so the choice flapped. Costs that really grow (longer contexts)
-                still show within a window.
+                earlier, so the choice flapped. Nor the fastest: the least of 48 noisy steps is
+                noisy itself, and priced the demo pair's equal depths 5-16% apart at batch 1
+                (auto_sim.py with session 17's served noise: 0.985 of the best fixed length,
+                0.993 with the 20th percentile). Costs that grow (longer contexts) still show.
     Resuming: while off, requests get no draft refresh, so speculating again first costs a
     catch-up, a target forward over every missed position (`catchup_tokens` of them, priced
     by `catchup_fit`: a fixed part and `token_time` per row, fitted to steps that ran prompt or
@@ -61,6 +63,8 @@ class AutoPolicy(SpeculationPolicy):
     REEVALUATE_EVERY = 8      # steps a choice's goodputs serve while their inputs but the rates stand
     prices_catchup = True
     BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+    QUANTILE = 0.2            # of a cost window's steps: the figure a depth is priced by (T above)
+    TABLE_TOLERANCE = 0.005   # ... followed within this fraction (each change of the table is a decision redone)
 
     def __init__(self, cfg: SpecConfig, margin: float = 0.05, ema: float = 0.07, probe_every: int = 100,
                  prior_rate: float = 0.6, window: int = 48, resume_horizon: int = 32):
@@ -72,8 +76,7 @@ class AutoPolicy(SpeculationPolicy):
         self.evidence = [0] * self.max_depth                       # drafted tokens behind each r_i
         self.prior_rate = prior_rate
         self.times = CostTable()                                  # (depth, bucket) -> seconds
-        self.samples: dict[tuple[int, int], deque] = {}           # the recent step times behind each
-        self._lows: dict[tuple[int, int], float] = {}              # ... and their minimum (`_sample`)
+        self.samples: dict[tuple[int, int], CostWindow] = {}      # the recent step times behind each
         self.profiled: set[tuple[int, int]] = set()   # entries still the start-up profile's (see warm_up)
         self.sampled_at: dict[tuple[int, int], int] = {}   # entry -> the observed step that last sampled it
         self.num_observed = 0
@@ -409,15 +412,12 @@ class AutoPolicy(SpeculationPolicy):
         if key in self.profiled:   # the first step measured in service replaces the profile's figure
             self.profiled.discard(key)
             self.samples.pop(key, None)
-        recent = self.samples.get(key) or self.samples.setdefault(key, deque(maxlen=self.window))
-        # The window's minimum, searched again only when the one leaving was it or the window
-        # is new (at batch 1 a policy's work is host time of every step).
-        low, leaving = self._lows.get(key), recent[0] if len(recent) == recent.maxlen else None
-        recent.append(t)
-        low = min(recent) if low is None or len(recent) == 1 or leaving == low else min(low, t)
-        self._lows[key] = low
+        w = self.samples.get(key) or self.samples.setdefault(key, CostWindow(self.window))
+        w.add(t)
         self.sampled_at[key] = self.num_observed
-        self.times[key] = low
+        q, old = w.quantile(self.QUANTILE), self.times.get(key)
+        if old is None or abs(q - old) > self.TABLE_TOLERANCE * old:
+            self.times[key] = q
 
     def describe(self) -> dict:
         cost: dict[str, dict[int, float]] = {}

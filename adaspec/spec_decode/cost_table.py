@@ -1,5 +1,30 @@
-"""The `auto` policy's cost table (spec_decode/auto_policy.py: AutoPolicy.times)."""
+"""The `auto` policy's cost table (spec_decode/auto_policy.py: AutoPolicy.times) and the
+windows of measured step times behind its entries."""
 from __future__ import annotations
+
+import bisect
+from collections import deque
+
+
+class CostWindow:
+    """The last `size` step times of one cost-table entry, also kept in order (a quantile is
+    read at every step the entry is sampled; sorting per step is host time at batch 1)."""
+
+    __slots__ = ("recent", "order")
+
+    def __init__(self, size: int):
+        self.recent: deque = deque(maxlen=size)
+        self.order: list[float] = []
+
+    def add(self, t: float) -> None:
+        if len(self.recent) == self.recent.maxlen:
+            del self.order[bisect.bisect_left(self.order, self.recent[0])]
+        self.recent.append(t)
+        bisect.insort(self.order, t)
+
+    def quantile(self, q: float) -> float:
+        """The q-quantile of the window (0: its fastest step), by rank, no interpolation."""
+        return self.order[int(q * (len(self.order) - 1))]
 
 
 class CostTable(dict):

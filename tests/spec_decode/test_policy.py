@@ -334,23 +334,27 @@ def test_auto_probe_timings_do_not_overwrite_the_cost_table():
     for _ in range(pol.PROBE_STEPS - 1):
         assert pol.decide(1).num_nodes == 4
         step(4, 0.0090)
-    assert pol.times[key4] == 0.0071             # fresh samples join the window: the fastest stands
-    # A step of the chosen depth is a sample of its entry: the fastest of a recent window. The
-    # start-up profile's figure is no sample: the first step measured in service replaces it
-    # (the profile times launches alone, what a host-bound step pays besides is not in it).
+    assert pol.times[key4] == 0.0071             # fresh samples join it (a short window: its fastest)
+    # A step of the chosen depth is a sample of its entry: the QUANTILE (a fifth) of a recent
+    # window. The start-up profile's figure is no sample: the first step measured in service
+    # replaces it (the profile times launches alone, what a host-bound step pays besides is not
+    # in it).
     key3 = (3, pol.bucket(1))
     assert pol.times[key3] == steady[3]
-    pol.observe(StepFeedback(batch_size=1, num_tokens=4, draft_len=3, step_time=0.0080,
-                             accepted_per_position=(1, 1, 0), drafted_per_position=(1, 1, 1)))
+
+    def step3(t, n=1):
+        for _ in range(n):
+            pol.observe(StepFeedback(batch_size=1, num_tokens=4, draft_len=3, step_time=t,
+                                     accepted_per_position=(1, 1, 0), drafted_per_position=(1, 1, 1)))
+
+    step3(0.0080)
     assert pol.times[key3] == 0.0080
-    pol.observe(StepFeedback(batch_size=1, num_tokens=4, draft_len=3, step_time=0.0075,
-                             accepted_per_position=(1, 1, 0), drafted_per_position=(1, 1, 1)))
-    for _ in range(pol.window - 1):   # the fastest of the window ...
-        pol.observe(StepFeedback(batch_size=1, num_tokens=4, draft_len=3, step_time=0.0090,
-                                 accepted_per_position=(1, 1, 0), drafted_per_position=(1, 1, 1)))
-    assert pol.times[key3] == 0.0075
-    pol.observe(StepFeedback(batch_size=1, num_tokens=4, draft_len=3, step_time=0.0090,
-                             accepted_per_position=(1, 1, 0), drafted_per_position=(1, 1, 1)))
+    step3(0.0075)
+    step3(0.0090, pol.window - 2)
+    assert pol.times[key3] == 0.0090   # two fast steps of 48 do not set the figure (the fastest did)
+    step3(0.0070, pol.window // 4)
+    assert pol.times[key3] == 0.0070   # a quarter of the window does ...
+    step3(0.0090, pol.window)
     assert pol.times[key3] == 0.0090   # ... until it has left the window
     assert pol.times[(2, pol.bucket(1))] == steady[2]   # depths not measured in service keep the profile's
 
