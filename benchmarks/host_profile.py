@@ -24,18 +24,15 @@ import torch
 
 from adaspec import LLM, SamplingParams
 from gpu_fast_path import _HostClock, profile_steps   # (benchmarks/: the fast-path steps' host clock and kernel profile)
+from launch_anatomy import config_kwargs
 
-CONFIGS = {"off": {}, "chain1": dict(speculation="always", num_steps=1), "chain2": dict(speculation="always", num_steps=2),
-           "chain3": dict(speculation="always", num_steps=3), "chain4": dict(speculation="always", num_steps=4),
-           "auto": dict(speculation="auto", num_steps=4),
-           # the demo defaults (`adaspec serve` with no arguments: auto up to 8) against always 8
-           "chain8": dict(speculation="always", num_steps=8), "auto8": dict(speculation="auto", num_steps=8),
-           "auto8-noprofile": dict(speculation="auto", num_steps=8, auto_profile=False),
+# Besides launch_anatomy's off / chainK / autoK (auto up to K drafts, 4 without K):
+CONFIGS = {"auto8-noprofile": dict(speculation="auto", num_steps=8, auto_profile=False),   # (the start-up profile's A/B)
            "tree": dict(speculation="always", num_steps=6, topk=4, num_draft_tokens=16)}
 
 
 def build(args, config: str) -> LLM:
-    kw = dict(CONFIGS[config])
+    kw = dict(CONFIGS[config]) if config in CONFIGS else config_kwargs(config)
     if args.model == "demo":
         from adaspec.demo import DEMO_HEAD, DEMO_TARGET
         target, draft, extra = str(DEMO_TARGET), str(DEMO_HEAD), {}

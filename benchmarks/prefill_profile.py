@@ -6,8 +6,10 @@ concurrency 1 spends 5-11 ms on each request's prefill step, 13x a decode step).
 For each configuration (the bundled demo pair): `--requests` requests, one at a time, each
 prompt `--prompt-len` held-out tokens and 4 output tokens; every engine step's wall time is
 recorded with the number of prompt rows it ran. Then the same under cProfile (host functions by
-own time) and one prefill step under torch.profiler (kernels launched, device busy time).
-Prints the median prefill step against the median decode step and writes JSON.
+own time), and one prompt step under torch.profiler: its kernels and device time
+(`gpu_fast_path.profile_steps`), and another's CUDA runtime calls (`launch_anatomy.runtime_calls`).
+Prints the median prefill step against the median decode step and writes JSON. `--configs`
+takes launch_anatomy's names: off, chainK, autoK.
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ import time
 import torch
 
 from adaspec import LLM, SamplingParams
-
-CONFIGS = {"off": {}, "chain8": dict(speculation="always", num_steps=8), "auto8": dict(speculation="auto", num_steps=8)}
+from gpu_fast_path import profile_steps   # (benchmarks/: a kernel profile of engine steps)
+from launch_anatomy import config_kwargs, runtime_calls   # (the demo configurations; CUDA runtime calls)
 
 
 def prompts(llm: LLM, n: int, length: int) -> list[list[int]]:
@@ -39,13 +41,18 @@ def prompts(llm: LLM, n: int, length: int) -> list[list[int]]:
     return out
 
 
-def run(llm: LLM, reqs: list[list[int]], tag: str) -> None:
-    """Serve `reqs` one after another (4 output tokens each)."""
-    eng = llm.engine
+def run(eng, reqs: list[list[int]], tag: str, rows: list[int], max_tokens: int = 4) -> list[tuple[int, float]]:
+    """Serve `reqs` one after another; (prompt rows, wall ms) of every step (`rows`: the prompt
+    rows of each plan scheduled, appended by the patched scheduler in `measure`)."""
+    steps = []
     for i, p in enumerate(reqs):
-        eng.add_request(f"{tag}{i}", p, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        eng.add_request(f"{tag}{i}", p, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
         while eng.has_unfinished():
+            n = len(rows)
+            t0 = time.perf_counter()
             eng.step()
+            steps.append((rows[n] if len(rows) > n else 0, 1e3 * (time.perf_counter() - t0)))
+    return steps
 
 
 def measure(llm: LLM, args) -> dict:
@@ -60,50 +67,27 @@ def measure(llm: LLM, args) -> dict:
         return plan
 
     eng.scheduler.schedule = schedule
-    run(llm, reqs[:4], "warm")
-    rows.clear()
-    t = []
-    for i, p in enumerate(reqs):
-        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-        while eng.has_unfinished():
-            n = len(rows)
-            t0 = time.perf_counter()
-            eng.step()
-            t.append((rows[n] if len(rows) > n else 0, 1e3 * (time.perf_counter() - t0)))
+    run(eng, reqs[:4], "warm", rows)
+    t = run(eng, reqs, "r", rows)
     pre = sorted(ms for r, ms in t if r > 0)
     dec = sorted(ms for r, ms in t if r == 0)
     pr = cProfile.Profile()
     pr.enable()
-    run(llm, reqs[:20], "prof")
+    run(eng, reqs[:20], "prof", rows)
     pr.disable()
     s = io.StringIO()
     pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(args.top)
     kern = None
-    if torch.cuda.is_available():
-        from torch.profiler import ProfilerActivity, profile
-        eng.add_request("k", reqs[0], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            t0 = time.perf_counter()
-            eng.step()
-            torch.cuda.synchronize()
-            wall = 1e3 * (time.perf_counter() - t0)
+    if torch.cuda.is_available():   # a request's first step is its prompt's
+        sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        eng.add_request("k0", reqs[0], sp)
+        kern = profile_steps(eng, steps=1, top=25)
         while eng.has_unfinished():
             eng.step()
-        ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        cpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
-        names: dict[str, int] = {}
-        for e in ev:
-            names[e.name[:60]] = names.get(e.name[:60], 0) + 1
-        busy = sum(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) for e in ev) / 1e3
-        calls: dict[str, list] = {}
-        for e in cpu:
-            c = calls.setdefault(e.name[:60], [0, 0.0])
-            c[0] += 1
-            c[1] += e.cpu_time_total / 1e3
-        kern = {"wall_ms": wall, "kernels": len(ev), "device_busy_ms": busy,
-                "kernel_names": sorted(names.items(), key=lambda kv: -kv[1])[:25],
-                "host_calls": sorted(([k, v[0], round(v[1], 3)] for k, v in calls.items()), key=lambda x: -x[2])[:40]}
+        eng.add_request("k1", reqs[1], sp)
+        kern["runtime_calls"] = runtime_calls(eng, 1)
+        while eng.has_unfinished():
+            eng.step()
     return {"prefill_ms_p10_p50_p90": [pre[len(pre) * q // 10] for q in (1, 5, 9)] if pre else None,
             "decode_ms_p10_p50_p90": [dec[len(dec) * q // 10] for q in (1, 5, 9)] if dec else None,
             "num_prefill_steps": len(pre), "num_decode_steps": len(dec), "kernel_profile": kern,
@@ -122,15 +106,15 @@ def main() -> None:
     res = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "args": vars(args), "configs": {}}
     for c in args.configs.split(","):
-        kw = dict(CONFIGS[c])
+        kw = config_kwargs(c)
         if kw:
             kw["draft"] = str(DEMO_HEAD)
         llm = LLM(str(DEMO_TARGET), device="cuda" if torch.cuda.is_available() else "cpu", **kw)
         r = res["configs"][c] = measure(llm, args)
         k = r["kernel_profile"]
         print(f"{c}: prefill step ms p10/50/90 {r['prefill_ms_p10_p50_p90']}, decode {r['decode_ms_p10_p50_p90']}"
-              + (f"; one prefill step: {k['kernels']} kernels, device busy {k['device_busy_ms']:.3f} ms, "
-                 f"wall {k['wall_ms']:.3f} ms" if k else ""), flush=True)
+              + (f"; one prefill step: {k['kernels_per_step']:.0f} kernels, device busy "
+                 f"{k['device_busy_ms_per_step']:.3f} ms, wall {k['wall_ms_per_step']:.3f} ms" if k else ""), flush=True)
         llm.close()
         del llm
     with open(args.out, "w") as f:
@@ -138,7 +122,7 @@ def main() -> None:
     for c, r in res["configs"].items():
         print(f"==== {c}\n{r['host_profile'][:5000]}")
         if r["kernel_profile"]:
-            print(json.dumps(r["kernel_profile"]["kernel_names"]), "\n", json.dumps(r["kernel_profile"]["host_calls"][:25]))
+            print(json.dumps(r["kernel_profile"]["top_kernels"]), "\n", json.dumps(r["kernel_profile"]["runtime_calls"]))
 
 
 if __name__ == "__main__":
