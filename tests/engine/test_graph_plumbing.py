@@ -198,3 +198,35 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
         assert any(refreshed)
     assert len(replays) > 0
     assert len(post_replays) > 0   # verification and commit ran as a post graph
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "glm4_moe"])
+def test_moe_targets_one_requests_prompt_replays_a_padded_graph(name, tmp_path, monkeypatch):
+    """The padded prompt graph with a mixture-of-experts target: the padding rows go through
+    the router and the experts too (they are rows of the step), so they must neither change
+    the real rows' expert outputs nor write KV. Equal tokens and drafts to eager steps, off and
+    chain 3 (a random head: greedy output is the target's whatever it accepts)."""
+    from moe_models import make_moe_model
+
+    from adaspec.testing import make_eagle3_head
+
+    _stand_in_capture(monkeypatch)
+    d = str(make_moe_model(tmp_path / name, name))
+    head = str(make_eagle3_head(tmp_path / "head", d))
+    prompts = prompts_of_lengths([1, 9, 16, 33, 70], seed=7, vocab=300)
+    sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    for kw in ({}, dict(draft=head, speculation="always", num_steps=3, topk=1)):
+        outs, stats = {}, {}
+        for graphs in (False, True):
+            llm = LLM(d, device="cpu", dtype="float32", max_num_seqs=4, block_size=4, max_num_batched_tokens=64, **kw)
+            runner = llm.engine.runner
+            if graphs:
+                runner.graphs = runner.make_graphs()
+                runner.graphs.capture_all()
+            outs[graphs] = [llm.generate([p], sp)[0].token_ids for p in prompts]
+            stats[graphs] = llm.stats()
+        assert outs[True] == outs[False], kw
+        st = stats[True]
+        assert st["launches"].get("target_eager", 0) == 0 and st["launches"]["target_graph"] > 0, st["launches"]
+        assert st["num_free_blocks"] == st["num_total_blocks"]
+        assert st.get("accepted_tokens", 0) == stats[False].get("accepted_tokens", 0)

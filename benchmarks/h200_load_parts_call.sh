@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Parts of the load experiment on ONE GPU, one after another in one device call, for a shape
+# whose 8-wave run (issue 20's target 3) is longer than a call: each part is
+# `load_experiment.py --only LABELS [--levels L]` into $R/le/part-NAME and the tarball is
+# rewritten after each, so a call cut short returns the parts that finished. The parts of
+# several calls join here with `load_experiment.py --out-dir DIR --merge PART_DIRS...`.
+#   bash benchmarks/h200_load_parts_call.sh TARBALL SHAPE NAME=LABELS[@LEVELS] ...
+# e.g. bash benchmarks/h200_load_parts_call.sh call1 qwen3-30b-a3b a=off@1,2,4,8,16,32,64 b=chain3
+# Each part may run until 585 s into the call (the device's 600 s limit, less the tarball).
+# Run from the repository root with .whl/ = the server's wheels (carry [".whl"]).
+set -u
+CALL=$1; SHAPE=$2; shift 2
+. benchmarks/device_preamble.sh $CALL
+for spec in "$@"; do
+    name=${spec%%=*}; rest=${spec#*=}; labels=${rest%%@*}
+    levels=(); [[ $rest == *@* ]] && levels=(--levels "${rest#*@}")
+    left=$((585 - SECONDS)); [ $left -lt 30 ] && { echo "[part $name skipped: ${left}s left]"; continue; }
+    part $left le_$name python3 benchmarks/load_experiment.py --shape $SHAPE --out-dir $R/le --part $name \
+        --only $labels "${levels[@]}" --waves 8 --accept-rate 0.8 --server-timeout 240 --no-llm-generate
+    grep -E "^\s*[0-9]+ \|" $R/le_$name.log | tail -n 12
+done
