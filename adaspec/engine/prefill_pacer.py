@@ -3,12 +3,16 @@
 A long prompt prefilled in big chunks stalls every running stream: each of its chunks lands
 in a step that the streams wait for. The pacer bounds the chunk so that a step with prefill
 costs at most `itl_ratio` (1.8, a margin under the 2x target) times a decode-only step,
-from two measured quantities:
+from measured quantities:
 
-    t_decode   an EMA of the time of steps without prefill rows
-    t_token    an EMA of the extra time per prefill token: (t_step - t_decode) / prefill tokens
+    t_decode       an EMA of the time of steps without prefill rows
+    fixed, t_token what prefill rows add to a step, fitted to the last `window` steps with
+                   prefill as fixed + t_token * tokens (spec_decode/cost_table.fixed_and_per_row)
 
-    cap = (itl_ratio - 1) * t_decode / t_token,  at least `min_chunk`
+    allowed = (itl_ratio - 1) * t_decode
+    cap = max((allowed - fixed) / t_token,   the chunk the latency bound allows
+              fixed / t_token,               the chunk that earns its fixed cost (see below)
+              min_chunk)
 
 and never below `per_decode` (16) x the step's decode tokens: at high concurrency prefill must
 keep pace with the requests the batch finishes, and they finish in bursts (answers that started
@@ -18,21 +22,43 @@ the H200 (8B shape, offline closed loop of 64 clients, 512 in / 256 out,
 benchmarks/closed_loop.py, session 5 call 3): with a floor of 4, prefill ran in 55% of the steps,
 a ninth of the batch waited for it, and the engine made 4,710 tok/s (TPOT 11.0 ms, p99 TTFT 4.6 s)
 against 6,527 unpaced (TPOT 8.4 ms, worst step 185 ms); a 1,024-token cap (16 per decode token
-there) made 6,537 tok/s, TPOT 9.1 ms, worst step 29 ms, p99 TTFT 0.8 s. Until both EMAs have data
-the cap is `default_cap`. A fixed `long_prefill_token_threshold` replaces the measured cap.
-Linear in tokens on purpose: on a GPU small chunks cost less than linear, so the cap errs
-towards smaller chunks, which only costs prefill speed while streams run.
+there) made 6,537 tok/s, TPOT 9.1 ms, worst step 29 ms, p99 TTFT 0.8 s.
+
+Why the fixed part: a step pays for carrying any prefill beyond its token count (it runs
+eagerly, and on a mixture of experts a few prompt rows read most of the experts). Priced per
+token alone, small chunks look dear, so the cap shrinks, and each small chunk pays the fixed
+cost again: on the Qwen3-30B-A3B shape (H200, session 18, 8 waves of 512 in / 256 out) the
+`off` server at concurrency 4 waited 2.9 s for a first token (p50) and ran 10.5 ms per token
+against a 5 ms decode step. Where the fixed part alone exceeds the latency bound, no chunk
+keeps it, and chunks of `fixed / t_token` tokens at least spend as much on prompt tokens as on
+the fixed cost. That chunk is extrapolated at most 2x past the largest chunk measured (a line
+through small chunks must not send a whole budget at once): it grows as it is confirmed.
+Until there are measurements the cap is `default_cap`. A fixed `long_prefill_token_threshold`
+replaces the measured cap. Linear in tokens past the fixed part on purpose: on a GPU small
+chunks cost less than linear, so the cap errs towards smaller chunks, which only costs prefill
+speed while streams run.
 """
 from __future__ import annotations
+
+from collections import deque
+
+from adaspec.spec_decode.cost_table import fixed_and_per_row
 
 
 class PrefillPacer:
     def __init__(self, fixed_cap: int = 0, itl_ratio: float = 1.8, per_decode: int = 16, min_chunk: int = 4,
-                 default_cap: int = 32, ema: float = 0.2):
+                 default_cap: int = 32, ema: float = 0.2, window: int = 32):
         self.fixed_cap, self.itl_ratio, self.per_decode = fixed_cap, itl_ratio, per_decode
         self.min_chunk, self.default_cap, self.ema = min_chunk, default_cap, ema
         self.t_decode: float | None = None
-        self.t_token: float | None = None
+        self.samples: deque = deque(maxlen=window)   # (prefill tokens, seconds they added)
+        self._fit: tuple[float, float] | None = None
+
+    def fit(self) -> tuple[float, float]:
+        """(fixed seconds, seconds per token) that prefill adds to a step; (0, 0) unmeasured."""
+        if self._fit is None:
+            self._fit = fixed_and_per_row(self.samples)
+        return self._fit
 
     def cap(self, decode_tokens: int) -> int | None:
         """Prefill tokens allowed in a step with `decode_tokens` decode rows (None: no cap)."""
@@ -40,10 +66,15 @@ class PrefillPacer:
             return None
         if self.fixed_cap:
             base = self.fixed_cap
-        elif self.t_decode is None or not self.t_token:
+        elif self.t_decode is None or not self.samples:
             base = self.default_cap
         else:
-            base = max(self.min_chunk, int((self.itl_ratio - 1.0) * self.t_decode / self.t_token))
+            fixed, per = self.fit()
+            if per <= 0.0:     # measured as free past the fixed part: the budget (up to 2x tried)
+                return max(2 * max(n for n, _ in self.samples), self.per_decode * decode_tokens)
+            allowed = (self.itl_ratio - 1.0) * self.t_decode
+            earns = min(fixed / per, 2 * max(n for n, _ in self.samples))
+            base = max(self.min_chunk, round(max((allowed - fixed) / per, earns)))
         return max(base, self.per_decode * decode_tokens)
 
     def observe(self, step_time: float, prefill_tokens: int) -> None:
@@ -54,5 +85,5 @@ class PrefillPacer:
             self.t_decode = step_time if self.t_decode is None else \
                 self.t_decode + self.ema * (step_time - self.t_decode)
         elif self.t_decode is not None and prefill_tokens >= self.min_chunk:
-            per = max(step_time - self.t_decode, 0.0) / prefill_tokens
-            self.t_token = per if self.t_token is None else self.t_token + self.ema * (per - self.t_token)
+            self.samples.append((prefill_tokens, max(step_time - self.t_decode, 0.0)))
+            self._fit = None

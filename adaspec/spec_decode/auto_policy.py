@@ -7,7 +7,7 @@ import time
 from collections import deque
 
 from adaspec.config import SpecConfig
-from adaspec.spec_decode.cost_table import CostTable, CostWindow
+from adaspec.spec_decode.cost_table import CostTable, CostWindow, fixed_and_per_row
 from adaspec.spec_decode.policy_base import SpeculationPolicy, StepFeedback
 from adaspec.spec_decode.tree import DraftShape
 
@@ -147,11 +147,11 @@ class AutoPolicy(SpeculationPolicy):
         return 1.0 + sum((rates if rates is not None else self.rate_estimates())[:depth])
 
     def catchup_fit(self) -> tuple[float, float]:
-        """(fixed seconds, seconds per row) that prompt / catch-up rows add to a step: a line
-        fitted to recent measurements where their row counts differ twofold or more (at batch 1
-        3 catch-up rows added about what a 130-row prompt did, 5 ms, an eager step's fixed
-        cost), else per row alone (the median); with no measurement yet, no fixed part and
-        the profile's per row, else a decode row's share of the largest timed decode batch."""
+        """(fixed seconds, seconds per row) that prompt / catch-up rows add to a step:
+        `fixed_and_per_row` of recent measurements (at batch 1 3 catch-up rows added about
+        what a 130-row prompt did, 5 ms, an eager step's fixed cost); with no measurement yet,
+        no fixed part and the profile's per row, else a decode row's share of the largest
+        timed decode batch."""
         if not self.token_samples:
             if self.profiled_token_time is not None:
                 return 0.0, self.profiled_token_time
@@ -159,17 +159,7 @@ class AutoPolicy(SpeculationPolicy):
             b, t = max(pts) if pts else (1, 0.0)
             return 0.0, t / b
         if self._catchup_fit is None:
-            rows = [n for n, _ in self.token_samples]
-            extra = [t for _, t in self.token_samples]
-            per_row = sorted(t / n for n, t in self.token_samples)[len(rows) // 2]
-            fit = (0.0, per_row)
-            if len(rows) >= 2 and max(rows) >= 2 * min(rows):
-                mn, mt = sum(rows) / len(rows), sum(extra) / len(extra)
-                var = sum((n - mn) ** 2 for n in rows)
-                slope = sum((n - mn) * (t - mt) for n, t in zip(rows, extra)) / var
-                slope = min(max(slope, 0.0), max(extra) / min(rows))
-                fit = (max(0.0, mt - slope * mn), slope)
-            self._catchup_fit = fit
+            self._catchup_fit = fixed_and_per_row(self.token_samples)
         return self._catchup_fit
 
     @property

@@ -18,14 +18,18 @@ from fake_runner import FakeRunner
 DECODE_S, TOKEN_S = 0.010, 0.0005     # the fake device: 10 ms per step + 0.5 ms per prefill token
 
 
-def _engine(threshold: int, overlap: bool, plans: list) -> Engine:
+def _linear(prefill: int) -> float:
+    return DECODE_S + TOKEN_S * prefill
+
+
+def _engine(threshold: int, overlap: bool, plans: list, cost=_linear) -> Engine:
     cfg = EngineConfig.create("fake-model", max_num_seqs=32, max_num_batched_tokens=8192, block_size=16,
                               num_blocks=4000, long_prefill_token_threshold=threshold, overlap=overlap)
 
     def on_launch(plan, in_flight):
         plans.append([(s.req.request_id, s.num_new_tokens) for s in plan.scheduled])
         prefill = sum(n for _, n in plans[-1] if n > 1)
-        runner.last_step_time = DECODE_S + TOKEN_S * prefill   # read when this step is collected
+        runner.last_step_time = cost(prefill)   # read when this step is collected
 
     runner = FakeRunner(4000, random.Random(0), False, on_launch)
     runner.model_spec.max_position = 4096
@@ -46,6 +50,56 @@ def test_pacer_cap_formula():
     assert p.cap(1) == 16
     assert PrefillPacer(fixed_cap=64, per_decode=4).cap(1) == 64 and PrefillPacer(fixed_cap=64, per_decode=4).cap(100) == 400
     assert PrefillPacer().cap(100) == 1600   # the default floor: 16 per decode token
+
+
+def test_pacer_earns_a_fixed_prefill_cost():
+    """Prefill that costs 20 ms per step whatever its size, plus 0.05 ms a token (a mixture
+    of experts: a few rows read most experts): no chunk keeps a 10 ms step under 18 ms, so the
+    chunk is the one whose tokens cost what the fixed part does (400), reached by doubling past
+    the largest chunk measured; a linear device keeps the latency-bound chunk."""
+    p = PrefillPacer(itl_ratio=1.8, per_decode=4, min_chunk=4, default_cap=32)
+    p.observe(0.010, 0)
+    for n in (32, 64):
+        p.observe(0.010 + 0.020 + 0.00005 * n, n)
+    assert p.fit() == pytest.approx((0.020, 0.00005))
+    assert p.cap(1) == 128                          # 2x the largest chunk measured, not 400 yet
+    for n in (128, 256):
+        p.observe(0.010 + 0.020 + 0.00005 * n, n)
+    assert p.cap(1) == 400 and p.cap(200) == 800    # fixed / per token; the floor still holds
+    lin = PrefillPacer(itl_ratio=1.8, per_decode=4, min_chunk=4)
+    lin.observe(0.010, 0)
+    for n in (32, 64, 128):
+        lin.observe(0.010 + 0.0005 * n, n)
+    assert lin.fit() == pytest.approx((0.0, 0.0005)) and lin.cap(1) == 16   # 8 ms / 0.5 ms
+    flat = PrefillPacer(per_decode=4)
+    flat.observe(0.010, 0)
+    flat.observe(0.030, 64)
+    flat.observe(0.030, 256)                        # no cost per token measured: 2x the largest
+    assert flat.cap(1) == 512
+
+
+def test_fixed_prefill_cost_prefills_in_chunks_that_earn_it():
+    """The engine with a device whose prefill costs 20 ms per step plus 0.05 ms a token: 8
+    prompts of 2,000 tokens next to a running stream are prefilled in chunks that grow to
+    hundreds of tokens, not in the 16-token floor a per-token price gives (0.8 x 10 ms over
+    ~0.7 ms a token at 32 tokens), so they take a fraction of the device time."""
+    plans: list = []
+    eng = _engine(0, False, plans, cost=lambda n: DECODE_S + (0.020 + 0.00005 * n if n else 0.0))
+    g = dict(temperature=0.0, ignore_eos=True)
+    eng.add_request("light", [3 + i % 40 for i in range(16)], SamplingParams(max_tokens=400, **g))
+    for _ in range(10):
+        eng.step()
+    for k in range(8):
+        eng.add_request(f"long{k}", [3 + (k + i) % 40 for i in range(2000)], SamplingParams(max_tokens=2, **g))
+    sched = eng.scheduler
+    steps = 0
+    while any(r.request_id.startswith("long") and r.num_computed < r.num_prompt_tokens
+              for r in [*sched.running, *sched.waiting]) and steps < 2000:
+        eng.step()
+        steps += 1
+    chunks = [sum(n for r, n in p if r.startswith("long") and n > 1) for p in plans[10:10 + steps]]
+    assert max(chunks) >= 400 and steps <= 50, (steps, chunks[:20])
+    assert all(("light", 1) in p for p in plans[10:10 + steps])   # the stream decodes throughout
 
 
 @pytest.mark.parametrize("overlap", [False, True])
