@@ -6,7 +6,9 @@
 # several calls join here with `load_experiment.py --out-dir DIR --merge PART_DIRS...`.
 #   bash benchmarks/h200_load_parts_call.sh TARBALL SHAPE NAME=LABELS[@LEVELS] ...
 # e.g. bash benchmarks/h200_load_parts_call.sh call1 qwen3-30b-a3b a=off@1,2,4,8,16,32,64 b=chain3
-# Each part may run until 585 s into the call (the device's 600 s limit, less the tarball).
+# Each part may run until END_S (default 585) seconds into the call: the device's 600 s limit less
+# the tarball. Set END_S below the call's limit when less device time is left (a part cut by the
+# device itself returns nothing; one cut here returns its log, which compare_from_log.py reads).
 # Run from the repository root with .whl/ = the server's wheels (carry [".whl"]).
 set -u
 CALL=$1; SHAPE=$2; shift 2
@@ -14,7 +16,7 @@ CALL=$1; SHAPE=$2; shift 2
 for spec in "$@"; do
     name=${spec%%=*}; rest=${spec#*=}; labels=${rest%%@*}
     levels=(); [[ $rest == *@* ]] && levels=(--levels "${rest#*@}")
-    left=$((585 - SECONDS)); [ $left -lt 30 ] && { echo "[part $name skipped: ${left}s left]"; continue; }
+    left=$((${END_S:-585} - SECONDS)); [ $left -lt 30 ] && { echo "[part $name skipped: ${left}s left]"; continue; }
     part $left le_$name python3 benchmarks/load_experiment.py --shape $SHAPE --out-dir $R/le --part $name \
         --only $labels "${levels[@]}" --waves 8 --accept-rate 0.8 --server-timeout 240 --no-llm-generate
     grep -E "^\s*[0-9]+ \|" $R/le_$name.log | tail -n 12
