@@ -70,11 +70,12 @@ class PrefillPacer:
             base = self.default_cap
         else:
             fixed, per = self.fit()
-            if per <= 0.0:     # measured as free past the fixed part: the budget (up to 2x tried)
-                return max(2 * max(n for n, _ in self.samples), self.per_decode * decode_tokens)
-            allowed = (self.itl_ratio - 1.0) * self.t_decode
-            earns = min(fixed / per, 2 * max(n for n, _ in self.samples))
-            base = max(self.min_chunk, round(max((allowed - fixed) / per, earns)))
+            tried = 2 * max(n for n, _ in self.samples)   # no further than 2x the largest chunk measured
+            if per <= 0.0:     # measured as free past the fixed part
+                base = tried
+            else:
+                allowed = (self.itl_ratio - 1.0) * self.t_decode
+                base = max(self.min_chunk, round(max((allowed - fixed) / per, min(fixed / per, tried))))
         return max(base, self.per_decode * decode_tokens)
 
     def observe(self, step_time: float, prefill_tokens: int) -> None:
