@@ -27,9 +27,11 @@ there) made 6,537 tok/s, TPOT 9.1 ms, worst step 29 ms, p99 TTFT 0.8 s.
 Why the fixed part: a step pays for carrying any prefill beyond its token count (it runs
 eagerly, and on a mixture of experts a few prompt rows read most of the experts). Priced per
 token alone, small chunks look dear, so the cap shrinks, and each small chunk pays the fixed
-cost again: on the Qwen3-30B-A3B shape (H200, session 18, 8 waves of 512 in / 256 out) the
-`off` server at concurrency 4 waited 2.9 s for a first token (p50) and ran 10.5 ms per token
-against a 5 ms decode step. Where the fixed part alone exceeds the latency bound, no chunk
+cost again: on the Qwen3-30B-A3B shape (H200, session 18, 512 in / 256 out) a step with prompt
+rows cost about 58 ms more than a decode step whatever their number, and chain 3 at concurrency 2
+waited 457 ms for a first token (p50): 8 chunks of 64 tokens, each paying it (the results in
+benchmarks/results/h200/session18_2026-12-05/, a simulation in benchmarks/pacer_sim.py).
+Where the fixed part alone exceeds the latency bound, no chunk
 keeps it, and chunks of `fixed / t_token` tokens at least spend as much on prompt tokens as on
 the fixed cost. That chunk is extrapolated at most 2x past the largest chunk measured (a line
 through small chunks must not send a whole budget at once): it grows as it is confirmed.

@@ -34,8 +34,8 @@ def fixed_and_per_row(samples) -> tuple[float, float]:
     or more, its slope within [0, largest added / fewest rows] and its intercept at least 0;
     else per row alone (the median of seconds / rows). Why a fixed part: a step that carries
     any prompt rows pays for them beyond their count (it runs eagerly, and on a mixture of
-    experts a few rows already read most experts: on the Qwen3-30B-A3B shape a 64-row chunk
-    costs about what a 512-row one does). No samples: (0, 0)."""
+    experts a few rows already read most experts: on the Qwen3-30B-A3B shape served on the H200,
+    58 ms fixed and 6.7 us a row, so 64 rows cost about what 512 do). No samples: (0, 0)."""
     samples = list(samples)
     if not samples:
         return 0.0, 0.0
