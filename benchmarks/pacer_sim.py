@@ -32,7 +32,6 @@ from fake_runner import FakeRunner  # noqa: E402
 from adaspec.config import EngineConfig  # noqa: E402
 from adaspec.engine.engine import Engine  # noqa: E402
 from adaspec.sampling import SamplingParams  # noqa: E402
-from adaspec.spec_decode import cost_table  # noqa: E402
 
 SHAPES = {   # (decode ms by batch, prefill fixed ms, prefill ms per token)
     "moe": ({1: 2.8, 4: 5.3, 16: 11.9, 64: 16.6, 256: 18.6}, 10.0, 0.01),
@@ -114,11 +113,9 @@ def main() -> int:
     p.add_argument("--prefill-fixed-ms", type=float, default=None, help="the shape's fixed prefill cost instead")
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    if a.per_token_only:   # the pacer before session 18: no fixed part, the median per token
-        line = cost_table.fixed_and_per_row
-        cost_table.fixed_and_per_row = lambda s: (0.0, line(s)[1] and sorted(t / n for n, t in s)[len(s) // 2])
+    if a.per_token_only:   # the pacer before session 18 priced an EMA of seconds / token: here their median
         import adaspec.engine.prefill_pacer as pp
-        pp.fixed_and_per_row = cost_table.fixed_and_per_row
+        pp.fixed_and_per_row = lambda s: (0.0, sorted(t / n for n, t in s)[len(s) // 2]) if s else (0.0, 0.0)
     rows = [run(a.shape, int(c), a.waves, a.per_token_only, a.jitter_ms, a.prefill_fixed_ms) for c in a.concurrency.split(",")]
     for r in rows:
         print(json.dumps(r))
