@@ -5,16 +5,18 @@ cost model, so what pacing does to TTFT, TPOT and throughput is seen without a G
 
     python3 benchmarks/pacer_sim.py --shape moe --concurrency 1,2,4,8,16,64 [--per-token-only]
 
-Cost models (ms; speculation off): `moe` is the Qwen3-30B-A3B shape on the H200 as measured
-in session 18 (`auto`'s decode cost table: 2.8 ms at batch 1, 5.3 at 4, 11.9 at 16, 16.6 at 64,
-18.6 at 256) with prefill adding a fixed 10 ms (the experts a chunk reads) plus 0.01 ms per
-token (an assumption: 3B active parameters at ~600 TFLOP/s); `dense` is the 8B shape: decode
-5.3-15.8 ms, prefill 1 ms fixed plus 0.023 ms per token. `--per-token-only` prices prefill per
-token alone, as the pacer did before session 18. Requests: 512 prompt tokens, 256 output; a
-client sends its next request up to `--jitter-ms` after its last ends (its round trip), so
-answers that started together do not arrive back together. Two warm-up requests run first (as
-`adaspec compare` sends them), and the engine keeps its measurements from one level to the next
-only within a run of one level (a fresh engine per level).
+Cost models (ms; speculation off): `moe` is the Qwen3-30B-A3B shape on the H200, decode from
+session 18's served `auto` cost table (2.8 ms at batch 1, 5.3 at 4, 11.9 at 16, 16.6 at 64, 18.6
+at 256), prefill a fixed 10 ms (assumed: the experts a chunk reads; `--prefill-fixed-ms 60` is
+what that run's `auto` fitted, eager launches included) plus 0.01 ms per token (assumed: 3B
+active parameters at ~600 TFLOP/s); `dense` is the 8B shape, decode 5.3-15.8 ms, prefill 1 ms
+fixed plus 0.023 ms per token (assumed). `--per-token-only` prices prefill per token alone, as
+the pacer did before session 18.
+
+Requests: 512 prompt tokens, 256 output. A client sends its next request up to `--jitter-ms`
+after its last ends (its round trip), so answers that started together do not arrive back
+together. Each level runs on a fresh engine, after two warm-up requests (as `adaspec compare`
+sends them).
 """
 from __future__ import annotations
 
