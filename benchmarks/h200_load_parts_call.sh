@@ -9,6 +9,8 @@
 # Each part may run until END_S (default 585) seconds into the call: the device's 600 s limit less
 # the tarball. Set END_S below the call's limit when less device time is left (a part cut by the
 # device itself returns nothing; one cut here returns its log, which compare_from_log.py reads).
+# Every server writes its policy feed to $R/le/feeds/NAME.<pid>.jsonl (ADASPEC_POLICY_TRACE), which
+# benchmarks/feed_summary.py reads: where each configuration's engine time went.
 # Run from the repository root with .whl/ = the server's wheels (carry [".whl"]).
 set -u
 CALL=$1; SHAPE=$2; shift 2
@@ -16,6 +18,7 @@ CALL=$1; SHAPE=$2; shift 2
 for spec in "$@"; do
     name=${spec%%=*}; rest=${spec#*=}; labels=${rest%%@*}
     levels=(); [[ $rest == *@* ]] && levels=(--levels "${rest#*@}")
+    mkdir -p $R/le/feeds; export ADASPEC_POLICY_TRACE=$R/le/feeds/$name
     left=$((${END_S:-585} - SECONDS)); [ $left -lt 30 ] && { echo "[part $name skipped: ${left}s left]"; continue; }
     part $left le_$name python3 benchmarks/load_experiment.py --shape $SHAPE --out-dir $R/le --part $name \
         --only $labels "${levels[@]}" --waves 8 --accept-rate 0.8 --server-timeout 240 --no-llm-generate
