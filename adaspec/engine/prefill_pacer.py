@@ -31,10 +31,13 @@ cost again: on the Qwen3-30B-A3B shape (H200, session 18, 512 in / 256 out) a st
 rows cost about 58 ms more than a decode step whatever their number, and chain 3 at concurrency 2
 waited 457 ms for a first token (p50): 8 chunks of 64 tokens, each paying it (the results in
 benchmarks/results/h200/session18_2026-12-05/, a simulation in benchmarks/pacer_sim.py).
-Where the fixed part alone exceeds the latency bound, no chunk
-keeps it, and chunks of `fixed / t_token` tokens at least spend as much on prompt tokens as on
-the fixed cost. That chunk is extrapolated at most 2x past the largest chunk measured (a line
-through small chunks must not send a whole budget at once): it grows as it is confirmed.
+So a chunk is never smaller than `fixed / t_token` tokens, which cost what the fixed part does:
+below it a step spends more on the fixed part than on prompt tokens, and streams stall more often
+for less prefill. Where the fixed part alone exceeds the latency bound (no chunk keeps it: a
+mixture of experts at small batch), that chunk is the cap; where it is under the bound but large,
+it can take a step past the bound (at most to twice the fixed part). That chunk is extrapolated
+at most 2x past the largest chunk measured (a line through small chunks must not send a whole
+budget at once): it grows as it is confirmed.
 Until there are measurements the cap is `default_cap`. A fixed `long_prefill_token_threshold`
 replaces the measured cap. Linear in tokens past the fixed part on purpose: on a GPU small
 chunks cost less than linear, so the cap errs towards smaller chunks, which only costs prefill
