@@ -61,8 +61,9 @@ class SchedulerConfig:
     # measurement so a step costs at most ~2x a decode-only step (0, the default), or at this many.
     long_prefill_token_threshold: int = opt(
         0, "--long-prefill-token-threshold", "while requests decode, cap a step's prefill tokens at this many "
-        "(at least 4 per decode token); 0: paced by measurement so long prompts at most double running "
-        "streams' inter-token latency", type=int, ge=0)
+        "(at least 16 per decode token); 0: paced by measurement so long prompts about double running "
+        "streams' inter-token latency (more where a step's fixed cost of carrying prompt rows alone is "
+        "more than that)", type=int, ge=0)
     max_model_len: int | None = opt(
         None, "--max-model-len", "context length, prompt and output together; must be >= 2 (a prompt token "
         "and a generated one)", type=int, ge=2,
