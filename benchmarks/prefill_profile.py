@@ -3,8 +3,11 @@ concurrency 1 spends 5-11 ms on each request's prefill step, 13x a decode step).
 
     python3 benchmarks/prefill_profile.py --configs off,chain8 --out prefill.json
 
-For each configuration (the bundled demo pair): `--requests` requests, one at a time, each
-prompt `--prompt-len` held-out tokens and 4 output tokens; every engine step's wall time is
+For each configuration (the bundled demo pair, or with `--shape` a benchmark shape: bf16 random
+weights, random prompts, no prefix caching, so each prompt step computes the whole prompt; e.g.
+`--shape qwen3-30b-a3b --prompt-len 512`, whose eager prompt step issue 20's session 18 priced
+at ~58 ms): `--requests` requests, one at a time, each prompt `--prompt-len` held-out tokens and
+4 output tokens; every engine step's wall time is
 recorded with the number of prompt rows it ran. Then the same under cProfile (host functions by
 own time), and one prompt step under torch.profiler: its kernels and device time
 (`gpu_fast_path.profile_steps`), and another's CUDA runtime calls (`launch_anatomy.runtime_calls`).
@@ -18,6 +21,7 @@ import cProfile
 import io
 import json
 import pstats
+import random
 import time
 
 import torch
@@ -26,10 +30,17 @@ from adaspec import LLM, SamplingParams
 from gpu_fast_path import profile_steps   # (benchmarks/: a kernel profile of engine steps)
 from launch_anatomy import config_kwargs, runtime_calls   # (the demo configurations; CUDA runtime calls)
 
+from adaspec.bench.shapes import SHAPES, write_shape_dirs
+
 
 def prompts(llm: LLM, n: int, length: int) -> list[list[int]]:
-    """Token ids of held-out prompts, cut or repeated to `length`."""
+    """Token ids of held-out prompts, cut or repeated to `length` (a model without a tokenizer,
+    a `--shape`: random ids, distinct per prompt, so no prefix-cache hit)."""
     tok = llm.tokenizer
+    if tok is None:
+        rng = random.Random(0)
+        vocab = llm.engine.runner.model_spec.vocab_size
+        return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
     out = []
     with open("tests/data/demo_heldout.jsonl") as f:
         texts = [json.loads(line)["prompt"] for line in f]
@@ -100,16 +111,24 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--prompt-len", type=int, default=40)
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                    help="a benchmark shape (bf16, random weights, random prompts) instead of the demo pair")
     ap.add_argument("--out", default="prefill_profile.json")
     args = ap.parse_args()
     from adaspec.demo import DEMO_HEAD, DEMO_TARGET
+    target, head, extra = str(DEMO_TARGET), str(DEMO_HEAD), {}
+    if args.shape:
+        target, head = write_shape_dirs(args.shape)
+        # every prompt step computes its whole prompt: the measured runs repeat prompts
+        extra = dict(load_format="dummy", dtype="bfloat16" if torch.cuda.is_available() else "float32",
+                     enable_prefix_caching=False)
     res = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "args": vars(args), "configs": {}}
     for c in args.configs.split(","):
         kw = config_kwargs(c)
         if kw:
-            kw["draft"] = str(DEMO_HEAD)
-        llm = LLM(str(DEMO_TARGET), device="cuda" if torch.cuda.is_available() else "cpu", **kw)
+            kw["draft"] = head
+        llm = LLM(target, device="cuda" if torch.cuda.is_available() else "cpu", **kw, **extra)
         r = res["configs"][c] = measure(llm, args)
         k = r["kernel_profile"]
         print(f"{c}: prefill step ms p10/50/90 {r['prefill_ms_p10_p50_p90']}, decode {r['decode_ms_p10_p50_p90']}"
