@@ -7,7 +7,7 @@ wrote (ADASPEC_POLICY_TRACE=PREFIX: PREFIX.<pid>.jsonl, adaspec/spec_decode/poli
 For each feed: the policy; its steps and their summed cost (the engine's cadence, seconds);
 the steps that carried prompt or catch-up rows, their share of the time, their median cost
 and median rows (the prefill chunk the pacer allowed); and the decode-only steps' median cost
-and tokens per request-step, by batch bucket and draft length. Two configurations of one run
+and tokens per request-step, by `auto`'s batch bucket and draft length. Two configurations of one run
 side by side say whether one lost time in its steps with prompt rows or in its decode steps.
 """
 from __future__ import annotations
@@ -17,11 +17,13 @@ import json
 import statistics
 from pathlib import Path
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+from adaspec.spec_decode.auto_policy import AutoPolicy
 
 
 def bucket(b: int) -> int:
-    return next((x for x in BUCKETS if b <= x), BUCKETS[-1])
+    """`auto`'s batch bucket of b (the nearest of AutoPolicy.BUCKETS, as its cost table keys
+    steps), so these rows line up with the `step_ms` a server's auto policy reports."""
+    return min(AutoPolicy.BUCKETS, key=lambda x: abs(x - b))
 
 
 def summarize(path: Path) -> dict:
@@ -65,7 +67,7 @@ def main() -> int:
               f"{r['total_s']} s; with prompt rows {r['prompt_steps']} steps, {100 * r['prompt_share']:.1f}% of the "
               f"time, median {r['prompt_median_ms']} ms and {r['prompt_median_rows']} rows")
         for t in r["decode"]:
-            print(f"   b<={t['batch']:>3} draft {t['draft_len']:>2}: {t['steps']:>6} steps, median {t['median_ms']:.3f} ms, "
+            print(f"   bucket {t['batch']:>4} draft {t['draft_len']:>2}: {t['steps']:>6} steps, median {t['median_ms']:.3f} ms, "
                   f"{t['tokens_per_request_step']:.2f} tokens per request-step")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
