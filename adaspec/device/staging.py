@@ -175,7 +175,7 @@ class _Ref:
 def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: int, group: int, *,
                   q_lens: list, ctx_len, kv_start, req_row, positions, cache_index, slots, input_ids=None,
                   mask_start=None, mask_offset=None, mask=None, max_ctx_len=None,
-                  shift=None, shift_rows=None, shift_reqs=None):
+                  shift=None, shift_rows=None, shift_reqs=None, launch: tuple[int, int] | None = None):
     """Stage one forward's inputs; returns (AttnMeta, input_ids or None, positions) as device
     views (valid once `stg.commit()` ran). Per-request arrays have one entry per request
     (`kv_start` and `mask_offset` may be one int for all), per-row arrays one per query row
@@ -183,11 +183,20 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
     buffer. With `shift`, the rows
     `shift_rows` = (row indices, device rows) and the requests `shift_reqs` = (request indices,
     device rows) get their positions, cache indices, slots, context lengths (and mask starts)
-    corrected on the device (see `Shift`); `max_ctx_len` must then bound the shifted lengths."""
+    corrected on the device (see `Shift`); `max_ctx_len` must then bound the shifted lengths.
+    `launch` = (block_q, programs) fixes the attention launch plan (a token graph's, captured
+    once for any mix of requests): the plan is padded to `programs` with programs of the last
+    request, which must own no rows (they exit at once)."""
     n = len(q_lens)
     max_q = max(q_lens, default=0)
-    bq = backend.block_q(max(1, max_q), group, n)
+    bq = launch[0] if launch is not None else backend.block_q(max(1, max_q), group, n)
     prog_req, prog_q0 = launch_plan(q_lens, bq)
+    if launch is not None:
+        if len(prog_req) > launch[1] or q_lens[-1]:
+            raise ValueError(f"stage_forward: {len(prog_req)} programs of block_q {bq} do not fit a plan of "
+                             f"{launch[1]} padded with an empty last request (it owns {q_lens[-1]} rows)")
+        prog_req = np.concatenate([prog_req, np.full(launch[1] - len(prog_req), n - 1, np.int32)])
+        prog_q0 = np.concatenate([prog_q0, np.zeros(launch[1] - len(prog_q0), np.int32)])
     ids = _put(stg, input_ids, torch.int64)[1] if input_ids is not None else None
     pos = _put(stg, positions, torch.int64)[1]
     slot = _put(stg, slots, torch.int64)[1]

@@ -1,18 +1,25 @@
 """CUDA graphs of the drafters (K greedy chain steps; tree drafting with selection, per tree
-shape) and of the target forward for uniform batches (every request has the same number of
-query rows q): decode (q = 1) and verification (q = k + 1 for chains, N for trees), at
-batch-size buckets up to `max_num_seqs`; after each target graph, a post graph per draft depth
-(LM head on the verify rows, greedy or simulated verification, tree-KV move, draft refresh;
-decode graphs also without the refresh, for steps in which no request may speculate), each
-plain, with logprobs, and with a grammar's bitmask.
-One memory pool is shared by all graphs (captured largest first). A batch between buckets is
-padded with requests that have no keys and write no KV (their blocks map to the runner's
-scratch block). A step of ONE request whose rows fit no such graph (a prompt or its chunk, a
-catch-up) runs the target graph of batch 1 and the next of `PREFILL_ROWS`, its rows padded
-(rows that see one key and write no KV), and its post-forward eagerly: at batch 1 an eager
-prompt step is host time (95 launches; 7-10 ms for the demo pair on the H200 against
-0.2 ms of device work), paid once per request. Anything else (prompts of several requests,
-mixed steps, shapes over the token cap, sampled or penalized verification) runs eagerly.
+shape) and of the target forward: for uniform batches (every request has the same number of
+query rows q: decode (q = 1) and verification (q = k + 1 for chains, N for trees), at
+batch-size buckets up to `max_num_seqs`), and for any mix of requests without a tree ("token
+graphs": prompt chunks beside decodes and chains, at token-count buckets); after each uniform
+target graph, a post graph per draft depth (LM head on the verify rows, greedy or simulated
+verification, tree-KV move, draft refresh; decode graphs also without the refresh, for steps
+in which no request may speculate), each plain, with logprobs, and with a grammar's bitmask.
+One memory pool is shared by all graphs (uniform ones captured largest first). A batch between
+buckets is padded with requests that have no keys and write no KV (their blocks map to the
+runner's scratch block).
+
+A token graph of R rows takes any step of at most R rows (`ForwardInputs.pad_to`): one padding
+request owns the rows past the step's (they see no key and write no KV), requests of no rows
+fill a fixed number of request slots, and the attention launch plan is padded to a fixed
+number of programs (`stage_forward`'s `launch`). Its post-forward runs eagerly. An eager step
+is host time: 95 launches, 7-10 ms for the demo pair's prompt step on the H200 against 0.2 ms
+of device work, ~58 ms for the 48 layers of the Qwen3-30B-A3B shape. Where a model's forward
+is bound by the device, padding to a bucket costs more than launching: token graphs are
+captured from the smallest bucket up while a replay measures faster than the eager forward of
+the bucket below (`pays`). Anything else (tree steps that mix in prompt rows, steps over the
+largest bucket, sampled or penalized verification's post-forward) runs eagerly.
 
 Capture stages its dummy batches with the step's own layout functions (`step_layout`,
 `verify_step`, `draft_step`) into the step's own staging buffers: the target forward's
@@ -25,6 +32,7 @@ import gc
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -41,8 +49,25 @@ from adaspec.spec_decode.policy import SpeculationPolicy
 log = logging.getLogger("adaspec")
 
 MAX_GRAPH_TOKENS = 2048
-#: Row counts of the batch-1 target graphs a single request's prompt rows are padded to.
-PREFILL_ROWS = (16, 32, 64, 128)
+#: Rows of the largest token graph (at most; no more than a step can hold).
+MAX_TOKEN_GRAPH_ROWS = 8192
+
+
+def token_buckets(max_rows: int) -> list[int]:
+    """Row counts of the token graphs, up to the first that holds `max_rows` (at most
+    MAX_TOKEN_GRAPH_ROWS): 16, 32, 64, then steps of an eighth or less (64 up to 1,024, 128
+    up to 2,048, 256 up to 4,096, 512 up to 8,192), so padding adds at most 12.5% of the rows
+    above 512 (a forward bound by the device pays for those)."""
+    sizes = [16, 32, 64] + list(range(128, 1025, 64)) + list(range(1152, 2049, 128)) \
+        + list(range(2304, 4097, 256)) + list(range(4608, MAX_TOKEN_GRAPH_ROWS + 1, 512))
+    out = [r for r in sizes if r < max_rows]
+    return out + [r for r in sizes if r >= max_rows][:1]
+
+
+def pays(replay_s: float, eager_below_s: float) -> bool:
+    """Whether a token graph is worth capturing: its replay (all of its rows) beats the eager
+    forward of the bucket below it, the fewest rows a step it serves can hold more than."""
+    return replay_s < eager_below_s
 
 
 def batch_buckets(max_bs: int) -> list[int]:
@@ -67,10 +92,20 @@ def record(fn, pool=None):
 class _Graph:
     """A captured target forward up to the final hidden states. The LM head runs outside,
     on the rows that sample only: vocabulary-wide logits as a graph output would be a
-    static [b*q, vocab] tensor per graph (hundreds of MB each at an 8B shape's buckets)."""
+    static [b*q, vocab] tensor per graph (hundreds of MB each at an 8B shape's buckets).
+    A uniform graph holds `batch` requests of `q` rows; a token graph (`launch` = its fixed
+    attention launch plan (block_q, programs)) holds `q` rows in `batch` request slots."""
 
-    def __init__(self, batch: int, q: int, tree: bool, graph, hidden, aux):
+    def __init__(self, batch: int, q: int, tree: bool, graph, hidden, aux, launch: tuple[int, int] | None = None):
         self.batch, self.q, self.tree, self.graph, self.hidden, self.aux = batch, q, tree, graph, hidden, aux
+        self.launch = launch
+
+    def fit(self, fi: ForwardInputs) -> None:
+        """Pad a step's forward inputs to this graph's shape."""
+        if self.launch is None:
+            fi.pad(self.batch - len(fi.q_lens), self.q, self.tree)
+        else:
+            fi.pad_to(self.q, self.batch)
 
     def replay(self):
         self.graph.replay()
@@ -129,6 +164,7 @@ class GraphInputs:
     spec: object             # SpecConfig
     max_num_seqs: int
     max_model_len: int
+    max_num_batched_tokens: int
     model: object            # the target (forward up to the final hidden states)
     backend: object
     kv_caches: list
@@ -147,12 +183,15 @@ class GraphInputs:
     draft_layers: int = 0
     dtype: torch.dtype = torch.float32
     device: torch.device | None = None
+    # every rank's vote -> the one decision (tensor parallelism: all ranks capture the same graphs)
+    agree: Callable[[bool], bool] = lambda vote: vote
 
 
 class CudaGraphs:
     def __init__(self, g: GraphInputs):
         self.g = g
         self.graphs: dict[tuple[int, int, bool], _Graph] = {}
+        self.token_graphs: dict[int, _Graph] = {}   # rows -> token graph
         self.draft_graphs: dict[tuple[int, int], _DraftGraph] = {}
         self.tree_graphs: dict[tuple[int, int, int], _TreeGraph] = {}   # (batch, num_steps, N)
         # (batch, q, tree, depth, verification, refresh, extra): see post_shapes
@@ -196,12 +235,10 @@ class CudaGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         buckets = batch_buckets(g.max_num_seqs)
         todo = [(b, q, tree) for q, tree in self.shapes() for b in buckets if b * q <= MAX_GRAPH_TOKENS]
-        prefill = [(1, q, False) for q in self.prefill_rows() if (1, q, False) not in todo]
-        for b, q, tree in sorted(todo + prefill, key=lambda x: -x[0] * x[1]):
+        for b, q, tree in sorted(todo, key=lambda x: -x[0] * x[1]):
             self.graphs[(b, q, tree)] = self._capture(b, q, tree)
+        self._capture_token_graphs()
         for (b, q, tree), tg in sorted(self.graphs.items(), key=lambda x: -x[0][0] * x[0][1]):
-            if (b, q, tree) in prefill:   # (their post-forward runs eagerly: module docstring)
-                continue
             for depth, kind, refresh in self.post_shapes(q, tree):
                 for extra in self.post_extras():
                     self.post_graphs[(b, q, tree, depth, kind, refresh, extra)] = self._capture_post(
@@ -216,29 +253,63 @@ class CudaGraphs:
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - t0
         self.memory_bytes = torch.cuda.memory_reserved() - reserved0  # the graphs' pool
-        log.info("captured %d CUDA graphs in %.1f s, %.2f GiB",
-                 len(self.graphs) + len(self.draft_graphs) + len(self.tree_graphs) + len(self.post_graphs),
-                 self.capture_seconds, self.memory_bytes / 2**30)
+        log.info("captured %d CUDA graphs in %.1f s, %.2f GiB; token graphs up to %d rows",
+                 len(self.graphs) + len(self.token_graphs) + len(self.draft_graphs) + len(self.tree_graphs)
+                 + len(self.post_graphs), self.capture_seconds, self.memory_bytes / 2**30,
+                 max(self.token_graphs, default=0))
+
+    @torch.inference_mode()
+    def _capture_token_graphs(self) -> None:
+        """Token graphs from the smallest bucket up, while each `pays` (every rank agreeing)."""
+        eager_below = None
+        for rows in token_buckets(self.g.max_num_batched_tokens):
+            tg, eager = self._capture_tokens(rows)
+            replay_s, eager_s = self._time_token_graph(tg, eager)
+            if not self.g.agree(pays(replay_s, eager_below if eager_below is not None else eager_s)):
+                log.info("token graphs stop below %d rows: a replay took %.2f ms, the eager forward of "
+                         "fewer rows %.2f ms", rows, replay_s * 1e3, (eager_below or eager_s) * 1e3)
+                break
+            self.token_graphs[rows] = tg
+            eager_below = eager_s
+        torch.cuda.empty_cache()   # (what the eager forwards cached)
+
+    @staticmethod
+    def _time_token_graph(tg: _Graph, eager) -> tuple[float, float]:
+        """(seconds of a replay, seconds of the same forward run eagerly), each the faster of
+        two runs, the device synchronized around each."""
+        def clock(fn) -> float:
+            best = float("inf")
+            for _ in range(2):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - t0)
+            return best
+        return clock(tg.graph.replay), clock(eager)
 
     def bucket(self, B: int) -> int | None:
         """The captured batch size that holds B requests (None: above every bucket)."""
         return next((b for b in batch_buckets(self.g.max_num_seqs) if b >= B), None)
 
-    def prefill_rows(self) -> list[int]:
-        """The `PREFILL_ROWS` a request's rows can fill (no more than the context holds)."""
-        return [q for q in PREFILL_ROWS if q <= min(self.g.max_model_len, MAX_GRAPH_TOKENS)]
-
     def lookup(self, q_lens: list[int], tree: bool) -> _Graph | None:
         """The target graph of a step whose requests have `q_lens` rows each: the uniform
-        batch's, else for one request the batch-1 graph of the fewest rows that hold its own
-        (`graph.q > q_lens[0]`: the caller pads its rows, `ForwardInputs.pad_rows`)."""
-        if not q_lens or any(q != q_lens[0] for q in q_lens):
+        batch's, else (no tree) the token graph of the fewest rows that hold the step's (the
+        caller pads the step to the graph's shape: `_Graph.fit`)."""
+        if not q_lens:
             return None
-        g = self.graphs.get((self.bucket(len(q_lens)), q_lens[0], tree))
-        if g is None and len(q_lens) == 1 and not tree:
-            q = next((q for q in self.prefill_rows() if q >= q_lens[0]), None)
-            g = self.graphs.get((1, q, False)) if q is not None else None
+        g = None
+        if all(q == q_lens[0] for q in q_lens):
+            g = self.graphs.get((self.bucket(len(q_lens)), q_lens[0], tree))
+        if g is None and not tree:
+            rows = sum(q_lens)
+            g = next((tg for r, tg in self.token_graphs.items() if r >= rows), None)
         return g
+
+    def token_slots(self) -> int:
+        """Request slots of a token graph: every running request, the padding request that owns
+        the rows past the step's, and one of no rows that owns the padding programs."""
+        return self.g.max_num_seqs + 2
 
     def tree_shapes(self) -> list:
         """Tree shapes a step may draft: the configured one capped at each depth (a step's
@@ -318,13 +389,19 @@ class CudaGraphs:
         graph, out = self._record(lambda: g.trees.propose(staged, h0, root0, g.draft_cache))
         return _TreeGraph(b, graph, self._h0, self._tok0, out)
 
-    def _stage_dummy(self, b: int, q: int, tree: bool):
-        """The target forward of b padding requests, staged as a step stages its own."""
+    def _stage_dummy(self, b: int, q: int, tree: bool, launch: tuple[int, int] | None = None):
+        """The target forward of b padding requests of q rows (with `launch`: a token graph's
+        b slots and q rows), staged as a step stages its own."""
         g = self.g
         g.stg.begin()
-        return stage_forward_inputs(g.stg, g.backend, g.block_table, g.block_size, g.group,
-                                    ForwardInputs.padding(b, q, tree), tree, [g.pad_row] * b,
-                                    max_ctx_len=g.max_model_len)  # kernels size split-KV for the longest context
+        if launch is None:
+            fi = ForwardInputs.padding(b, q, tree)
+        else:
+            fi = ForwardInputs()
+            fi.pad_to(q, b)
+        return stage_forward_inputs(g.stg, g.backend, g.block_table, g.block_size, g.group, fi, tree,
+                                    [g.pad_row] * b, max_ctx_len=g.max_model_len,   # split-KV: the longest context
+                                    launch=launch)
 
     @torch.inference_mode()
     def _capture_post(self, tg: _Graph, tree: bool, depth: int, kind: str, refresh: bool,
@@ -356,3 +433,20 @@ class CudaGraphs:
 
         graph, (hidden, aux) = self._record(run)
         return _Graph(b, q, tree, graph, hidden, aux)
+
+    @torch.inference_mode()
+    def _capture_tokens(self, rows: int):
+        """(the token graph of `rows` rows, a function that runs its forward eagerly)."""
+        g = self.g
+        slots = self.token_slots()
+        bq = g.backend.block_q(rows, g.group, slots)
+        launch = (bq, -(-rows // bq) + slots)   # each request adds at most one partial program
+        meta, ids, pos = self._stage_dummy(slots, rows, False, launch)
+        g.stg.commit()
+
+        def run():
+            with forward_context(ForwardContext(meta, g.backend, g.kv_caches)):
+                return g.model(ids, pos)
+
+        graph, (hidden, aux) = self._record(run)
+        return _Graph(slots, rows, False, graph, hidden, aux, launch), run

@@ -24,8 +24,9 @@ a ninth of the batch waited for it, and the engine made 4,710 tok/s (TPOT 11.0 m
 against 6,527 unpaced (TPOT 8.4 ms, worst step 185 ms); a 1,024-token cap (16 per decode token
 there) made 6,537 tok/s, TPOT 9.1 ms, worst step 29 ms, p99 TTFT 0.8 s.
 
-Why the fixed part: a step pays for carrying any prefill beyond its token count (it runs
-eagerly, and on a mixture of experts a few prompt rows read most of the experts). Priced per
+Why the fixed part: a step pays for carrying any prefill beyond its token count (where it
+runs eagerly its launches are host time, and on a mixture of experts a few prompt rows read
+most of the experts; engine/cuda_graph.py's token graphs take the launches away). Priced per
 token alone, small chunks look dear, so the cap shrinks, and each small chunk pays the fixed
 cost again: on the Qwen3-30B-A3B shape (H200, session 18, 512 in / 256 out) a step with prompt
 rows cost about 58 ms more than a decode step whatever their number, and chain 3 at concurrency 2

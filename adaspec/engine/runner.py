@@ -7,8 +7,8 @@ One step (`launch` enqueues it, `collect` waits for it):
              host->device copy                                     (`step_layout`, `device/`)
   2. draft   on the device, no sync: chains (their metadata derived there) and trees write
              the target forward's ids (trees: positions and mask too) (`draft_step`)
-  3. target  one forward over prefill chunks, decodes and drafts (a CUDA graph when the batch
-             is uniform: every request has the same number of query rows)
+  3. target  one forward over prefill chunks, decodes and drafts (a CUDA graph: of the
+             uniform batch, or of the step's token count; `cuda_graph`)
   4. verify  the LM head on the verify rows, the target's choices, verification; accepted tree
              KV moved into place, the draft KV refreshed for every request that may speculate
              (`verify_step`, `draft_refresh`; one "post" CUDA graph after a target graph)
@@ -236,13 +236,15 @@ class ModelRunner:
         d = self.draft
         return CudaGraphs(GraphInputs(
             spec=self.cfg.spec, max_num_seqs=self.cfg.scheduler.max_num_seqs, max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.cfg.scheduler.max_num_batched_tokens,
             model=self.model, backend=self.backend, kv_caches=self.kv_caches, group=self.group,
             block_size=self.block_size, block_table=self.rows.block_table, pad_row=self.rows.pad_row, stg=self.stg,
             draft_stg=self.draft_stg, post=self.post, grammar_masks=self.grammar_masks if grammar_available() else None,
             chain=self.chain,
             trees=self.trees.drafter if self.trees is not None else None, draft_cache=self.draft_cache,
             draft_hidden_size=d.spec.hidden_size if d is not None else 0, draft_layers=d.num_layers if d else 0,
-            dtype=self.dtype, device=self.device))
+            dtype=self.dtype, device=self.device,
+            agree=(lambda vote: all(self.tp.exchange(vote))) if self.tp is not None else (lambda vote: vote)))
 
     # ---- the step -------------------------------------------------------------------------
     def execute(self, plan: StepPlan) -> list[StepResult]:
@@ -345,8 +347,8 @@ class ModelRunner:
             post = self.graphs.post_graph(graph, D, "sim" if sim is not None else "greedy",
                                           refresh=self.draft is not None and any(s.refresh for s in sched),
                                           extra=next(iter(want), None))
-        if graph is not None:   # padded to the graph's batch, or one request's rows to its rows
-            fi.fit(graph.batch, graph.q, lay.tree)
+        if graph is not None:   # padded to the graph's batch, or to a token graph's rows and slots
+            graph.fit(fi)
         stg = self.stg
         stg.begin()
         shift = shift_d = srows = sreqs = None
@@ -357,7 +359,7 @@ class ModelRunner:
         meta, ids_d, pos_d = stage_forward_inputs(
             stg, self.backend, self.rows.block_table, self.block_size, self.group, fi, lay.tree,
             rows + [self.rows.pad_row] * extra, max_ctx_len=(max(fi.ctx) + slack) if fi.ctx else 0,
-            shift=shift, shift_rows=srows, shift_reqs=sreqs)
+            shift=shift, shift_rows=srows, shift_reqs=sreqs, launch=graph.launch if graph is not None else None)
         # The post-forward inputs come right after the forward's metadata, so that a post
         # graph finds them where its capture staged them. With a post graph the verify batch
         # and the refresh are padded to the graph's batch (padding rows change nothing).

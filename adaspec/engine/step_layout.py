@@ -115,26 +115,18 @@ class ForwardInputs:
         if tree:
             self.mask += [np.zeros(q * q, np.uint8)] * extra
 
-    def fit(self, b: int, q: int, tree: bool) -> None:
-        """Fill the shape of a target graph of b requests of q rows (`CudaGraphs.lookup`):
-        padding requests (`pad`), or one request's padding rows (`pad_rows`)."""
-        if len(self.q_lens) < b:
-            self.pad(b - len(self.q_lens), q, tree)
-        elif self.q_lens[0] < q:
-            self.pad_rows(q)
-
-    def pad_rows(self, q: int) -> None:
-        """Give the step's one request `q` rows (a batch-1 graph's, `CudaGraphs.lookup`): the
-        rows added after its own see key 0 only (attention's causality is by cache index), write
-        no KV, and nothing reads their outputs (a request's sampled and refreshed rows are
-        its own, by row index)."""
-        assert len(self.q_lens) == 1 and not self.mask and q >= self.q_lens[0]
-        n = q - self.q_lens[0]
-        self.ids += [0] * n
-        self.positions += [0] * n
-        self.cache_index += [0] * n
-        self.slots += [-1] * n
-        self.q_lens[0] = q
+    def pad_to(self, rows: int, slots: int) -> None:
+        """Fill the shape of a token graph of `rows` rows in `slots` request slots
+        (`CudaGraphs.lookup`): a padding request owns the rows past the step's (it sees no key
+        and writes no KV), then requests of no rows fill the slots; the last of them owns the
+        padding programs of the graph's attention launch plan (`stage_forward`'s `launch`)."""
+        n = rows - sum(self.q_lens)
+        if n < 0 or len(self.q_lens) + 2 > slots or self.mask:
+            raise ValueError(f"a step of {sum(self.q_lens)} rows and {len(self.q_lens)} requests"
+                             f"{' with a tree' if self.mask else ''} does not fit a token graph of {rows} rows "
+                             f"and {slots} slots")
+        self.pad(1, n, False)
+        self.pad(slots - len(self.q_lens), 0, False)
 
     @classmethod
     def padding(cls, b: int, q: int, tree: bool) -> "ForwardInputs":
@@ -205,15 +197,17 @@ def forward_inputs(plan: StepPlan, lay: StepLayout, rows: list[int], block_size:
 
 def stage_forward_inputs(stg: Staging, backend, block_table: torch.Tensor, block_size: int, group: int,
                          fi: ForwardInputs, tree: bool, req_row: list[int], max_ctx_len: int,
-                         shift: Shift | None = None, shift_rows=None, shift_reqs=None):
+                         shift: Shift | None = None, shift_rows=None, shift_reqs=None,
+                         launch: tuple[int, int] | None = None):
     """Stage the target forward (always the first thing a step stages: graphs read it at
-    fixed addresses); returns (AttnMeta, input ids, positions) as device views."""
+    fixed addresses); returns (AttnMeta, input ids, positions) as device views. `launch`:
+    a token graph's attention launch plan (`stage_forward`)."""
     return stage_forward(
         stg, backend, block_table, block_size, group, q_lens=fi.q_lens, ctx_len=fi.ctx, kv_start=0,
         req_row=req_row, positions=fi.positions, cache_index=fi.cache_index, slots=fi.slots, input_ids=fi.ids,
         mask_start=fi.mask_start if tree else None, mask_offset=fi.mask_offset if tree else None,
         mask=np.concatenate(fi.mask) if fi.mask else None, max_ctx_len=max_ctx_len,
-        shift=shift, shift_rows=shift_rows, shift_reqs=shift_reqs)
+        shift=shift, shift_rows=shift_rows, shift_reqs=shift_reqs, launch=launch)
 
 
 def shifted_rows(lay: StepLayout, rows: list[int]) -> tuple[tuple[list, list], tuple[list, list]]:

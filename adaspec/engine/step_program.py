@@ -58,7 +58,7 @@ def phase(tp, fn) -> None:
     tp.exchange()
 
 
-_GRAPH_TABLES = ("graphs", "post_graphs", "draft_graphs", "tree_graphs")
+_GRAPH_TABLES = ("graphs", "token_graphs", "post_graphs", "draft_graphs", "tree_graphs")
 
 
 class ProgramCodec:

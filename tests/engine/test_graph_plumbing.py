@@ -91,15 +91,17 @@ def _stand_in_capture(monkeypatch) -> list[int]:
         return _Replay(fn, out, replays), out
 
     monkeypatch.setattr(cuda_graph.CudaGraphs, "_record", record)
+    # every token graph "pays" (a stand-in replay measures nothing: `cuda_graph.pays`)
+    monkeypatch.setattr(cuda_graph.CudaGraphs, "_time_token_graph", staticmethod(lambda tg, eager: (0.0, 1.0)))
     return replays
 
 
 @pytest.mark.parametrize("shape", ["off", "chain3", "chain3-sim"])
-def test_one_requests_prompt_replays_a_padded_graph(agree_dir, trained_head, shape, monkeypatch):
-    """A prompt (or its chunk) of one request runs the batch-1 target graph of the next
-    PREFILL_ROWS, its rows padded: the same tokens and drafts as eager steps, prompts of 1 to
-    a bucket's full size, chunked ones included; only a chunk over the largest bucket runs
-    eagerly. Padding rows must not write KV nor shift what the real rows see."""
+def test_one_requests_prompt_replays_a_token_graph(agree_dir, trained_head, shape, monkeypatch):
+    """A prompt (or its chunk) of one request runs the token graph of the next bucket, its
+    rows padded: the same tokens and drafts as eager steps, prompts of 1 to a bucket's full
+    size, chunked ones included. Padding rows must not write KV nor shift what the real rows
+    see."""
     _stand_in_capture(monkeypatch)
     kw = SHAPES[shape]
     lengths = [1, 7, 16, 17, 40, 128, 150]
@@ -113,9 +115,9 @@ def test_one_requests_prompt_replays_a_padded_graph(agree_dir, trained_head, sha
         if graphs:
             runner.graphs = runner.make_graphs()
             runner.graphs.capture_all()
-            assert {q for b, q, t in runner.graphs.graphs if b == 1} >= set(cuda_graph.PREFILL_ROWS)
+            assert list(runner.graphs.token_graphs) == cuda_graph.token_buckets(100) == [16, 32, 64, 128]
         outs[graphs] = [llm.generate([p], sp)[0].token_ids for p in prompts]   # one at a time
-        # ... and a prompt's log-probabilities, read from the padded graph's hidden rows
+        # ... and a prompt's log-probabilities, read from the token graph's hidden rows
         lp = llm.generate([prompts[4]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True,
                                                        prompt_logprobs=2, logprobs=1))[0]
         plps[graphs] = lp.prompt_logprobs   # [None, (logprob, [(token, logprob), ...]), ...]
@@ -133,6 +135,58 @@ def test_one_requests_prompt_replays_a_padded_graph(agree_dir, trained_head, sha
     assert st["num_free_blocks"] == st["num_total_blocks"]
     if kw:
         assert st["accepted_tokens"] == stats[False]["accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize("shape", ["off", "chain3", "chain3-sim", "tree"])
+def test_mixed_steps_replay_token_graphs(agree_dir, trained_head, shape, monkeypatch):
+    """Steps that mix prompt chunks with decodes and chain verification (requests arriving
+    while others run, chunked prompts, prefix-cache hits, preemption under a small KV cache)
+    replay token graphs: the same tokens and accepted drafts as eager steps, no block left
+    behind. With trees, a step that mixes prompt rows in runs eagerly (no token graph holds a
+    tree mask); its uniform steps still replay."""
+    replays = _stand_in_capture(monkeypatch)
+    mixed: list[tuple] = []   # (requests, rows) of steps that mixed prompt rows and decodes in a token graph
+    lookup = cuda_graph.CudaGraphs.lookup
+
+    def seen(self, q_lens, tree):
+        g = lookup(self, q_lens, tree)
+        if g is not None and g.launch is not None and len(q_lens) > 1 and len(set(q_lens)) > 1:
+            mixed.append((len(q_lens), sum(q_lens)))
+        return g
+
+    monkeypatch.setattr(cuda_graph.CudaGraphs, "lookup", seen)
+    kw = SHAPES[shape]
+    base = prompts_of_lengths([5, 30, 12, 70, 3, 41], seed=11)
+    prompts = base + [base[1][:24] + base[4], base[3][:40] + base[0]]   # prefix hits (blocks of 4)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+              for n in (9, 20, 6, 14, 25, 11, 8, 17)]
+    outs, stats = {}, {}
+    for graphs in (False, True):
+        # (a fixed prefill cap: the pacer's measured one would make the two runs' steps differ)
+        llm = LLM(agree_dir, device="cpu", dtype="float32", max_num_seqs=4, block_size=4, max_num_batched_tokens=48,
+                  long_prefill_token_threshold=24, num_kv_blocks=30, **(dict(draft=trained_head) if kw else {}),
+                  **kw)
+        runner = llm.engine.runner
+        if graphs:
+            runner.graphs = runner.make_graphs()
+            runner.graphs.capture_all()
+            assert list(runner.graphs.token_graphs) == [16, 32, 64]
+            replays.clear()
+        outs[graphs] = [o.token_ids for o in llm.generate(prompts, params)]
+        stats[graphs] = llm.stats()
+    assert outs[True] == outs[False]
+    assert [len(t) for t in outs[True]] == [p.max_tokens for p in params]
+    st, ref = stats[True], stats[False]
+    assert st["num_preemptions"] > 0 and st["prefix_cache_hit_tokens"] > 0, st
+    assert st["num_free_blocks"] == st["num_total_blocks"]
+    if kw:
+        assert st["accepted_tokens"] == ref["accepted_tokens"] > 0
+    if shape == "tree":
+        assert st["launches"]["target_eager"] > 0 and st["launches"]["target_graph"] > 0, st["launches"]
+    else:
+        assert st["launches"].get("target_eager", 0) == 0, st["launches"]
+        assert st["launches"]["target_graph"] == ref["launches"]["target_eager"] and replays
+        assert len(mixed) >= 5, mixed
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -157,7 +211,7 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
               for k, (n, sp) in enumerate(zip((5, 30, 17, 24, 9), spec))]
     outs, stats, lps = {}, {}, {}
     for graphs in (False, True):
-        llm = LLM(agree_dir, device="cpu", dtype="float32", max_num_seqs=6, block_size=4,
+        llm = LLM(agree_dir, device="cpu", dtype="float32", max_num_seqs=6, block_size=4, max_num_batched_tokens=64,
                   **(dict(draft=trained_head) if kw else {}), **kw)
         if shape.endswith("-grammar"):
             from adaspec.structured.grammar import GrammarCache
@@ -201,11 +255,12 @@ def test_graph_steps_equal_eager_steps(agree_dir, trained_head, shape, monkeypat
 
 
 @pytest.mark.parametrize("name", ["qwen3_moe", "glm4_moe"])
-def test_moe_targets_one_requests_prompt_replays_a_padded_graph(name, tmp_path, monkeypatch):
-    """The padded prompt graph with a mixture-of-experts target: the padding rows go through
+def test_moe_targets_one_requests_prompt_replays_a_token_graph(name, tmp_path, monkeypatch):
+    """The token graph of a prompt with a mixture-of-experts target: the padding rows go through
     the router and the experts too (they are rows of the step), so they must neither change
     the real rows' expert outputs nor write KV. Equal tokens and drafts to eager steps, off and
-    chain 3 (a random head: greedy output is the target's whatever it accepts)."""
+    chain 3 (a random head: greedy output is the target's whatever it accepts), prompts one at a
+    time and all at once (prompt chunks beside decodes)."""
     from moe_models import make_moe_model
 
     from adaspec.testing import make_eagle3_head
@@ -223,7 +278,8 @@ def test_moe_targets_one_requests_prompt_replays_a_padded_graph(name, tmp_path, 
             if graphs:
                 runner.graphs = runner.make_graphs()
                 runner.graphs.capture_all()
-            outs[graphs] = [llm.generate([p], sp)[0].token_ids for p in prompts]
+            outs[graphs] = [llm.generate([p], sp)[0].token_ids for p in prompts] + \
+                [o.token_ids for o in llm.generate(prompts, sp)]
             stats[graphs] = llm.stats()
         assert outs[True] == outs[False], kw
         st = stats[True]

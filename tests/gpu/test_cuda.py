@@ -131,10 +131,11 @@ def test_cuda_speculation_off_at_zero_cost(models, monkeypatch):
             assert st["verify_steps"] > 0 and any(refreshed), (name, st)
 
 
-def test_cuda_one_requests_prompts_replay_padded_graphs(models):
-    """Prompts served one at a time replay the batch-1 target graphs padded to PREFILL_ROWS
-    (real CUDA graphs, Triton attention): the same tokens as eager steps, with speculation off,
-    a chain and simulated acceptance, chunked prompts included; no target step runs eagerly."""
+def test_cuda_prompts_replay_token_graphs(models):
+    """Prompts served one at a time, and all at once (prompt chunks beside decodes and chains),
+    replay token graphs (real CUDA graphs, Triton attention with a padded launch plan): the
+    same tokens as eager steps, with speculation off, a chain and simulated acceptance,
+    chunked prompts included; no target step runs eagerly."""
     d, h = models["llama"]
     prompts = [[(7 * i + 3 * j) % 300 + 3 for j in range(n)] for i, n in enumerate([1, 9, 16, 17, 63, 128, 200])]
     sp = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -143,8 +144,11 @@ def test_cuda_one_requests_prompts_replay_padded_graphs(models):
                dict(draft=str(h), speculation="always", num_steps=3, topk=1, spec_simulate_accept_rate=0.7)):
         outs = {}
         for eager in (True, False):
-            llm = LLM(str(d), enforce_eager=eager, **kw, **base)
-            outs[eager] = [llm.generate([p], sp)[0].token_ids for p in prompts]
+            llm = LLM(str(d), enforce_eager=eager, long_prefill_token_threshold=32, **kw, **base)
+            if not eager:
+                assert list(llm.engine.runner.graphs.token_graphs) == [16, 32, 64, 128], kw   # they all pay here
+            outs[eager] = [llm.generate([p], sp)[0].token_ids for p in prompts] + \
+                [o.token_ids for o in llm.generate(prompts, sp)]
             launches = llm.stats()["launches"]
         assert outs[False] == outs[True], kw
         assert launches.get("target_eager", 0) == 0 and launches["target_graph"] > 0, launches

@@ -135,7 +135,7 @@ def test_cuda_moe_model_with_graphs_matches_transformers(name, tmp_path):
         assert llm.engine.runner.graphs is not None
         outs = llm.generate(prompts, sp)
         assert [o.token_ids for o in outs] == refs, extra
-        # one request at a time: its prompt step replays a padded batch-1 graph, none runs eagerly
-        eager = llm.stats()["launches"].get("target_eager", 0)
+        # ... and one request at a time: every prompt step, alone or beside decodes, replays a
+        # token graph (a tiny model's forward is host time: every bucket pays), none runs eagerly
         assert [llm.generate([p], sp)[0].token_ids for p in prompts] == refs, extra
-        assert llm.stats()["launches"].get("target_eager", 0) == eager, llm.stats()["launches"]
+        assert llm.stats()["launches"].get("target_eager", 0) == 0, llm.stats()["launches"]

@@ -1,0 +1,104 @@
+"""A token graph's staging (`stage_forward` with a fixed `launch` plan, `ForwardInputs.pad_to`):
+the step's own rows attend exactly as when staged alone, whatever the padding, and the padding
+(a request owning the rows past the step's, requests of no rows, the launch plan's extra
+programs) sees nothing and writes nothing. Run with the Triton kernel (under the interpreter
+on CPU, compiled on a GPU) and the torch reference."""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from adaspec.device.staging import Staging
+from adaspec.engine.step_layout import ForwardInputs, stage_forward_inputs
+from adaspec.layers.attention import get_backend
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+BS, HQ, HKV, D = 4, 4, 2, 16
+
+
+def _step(reqs):
+    """ForwardInputs of requests given as (keys cached before, new rows): a prefill chunk over
+    its prefix, decodes, a fresh prompt; request i's blocks are its own, 8 per request."""
+    fi = ForwardInputs()
+    for i, (cached, n) in enumerate(reqs):
+        rng = range(cached, cached + n)
+        fi.ids += [3] * n
+        fi.positions += list(rng)
+        fi.cache_index += list(rng)
+        fi.slots += [(8 * i + p // BS) * BS + p % BS for p in rng]
+        fi.q_lens.append(n)
+        fi.ctx.append(cached + n)
+        fi.mask_start.append(cached + n)
+        fi.mask_offset.append(0)
+    return fi
+
+
+def _attend(backend_name, fi, launch, kv, q_rows, new_kv, n):
+    """Stage `fi` (`n` real requests; the rest padding, mapped to the scratch row n) and run
+    the store and attention: (out, k cache, v cache, meta)."""
+    dev = kv[0].device
+    backend = get_backend(backend_name)
+    stg = Staging(1 << 16, dev)
+    stg.begin()
+    table = torch.arange(8 * (n + 1), dtype=torch.int32, device=dev).view(n + 1, 8)
+    meta, _, _ = stage_forward_inputs(stg, backend, table, BS, HQ // HKV, fi, False,
+                                      [min(i, n) for i in range(len(fi.q_lens))], max_ctx_len=max(fi.ctx),
+                                      launch=launch)
+    stg.commit()
+    k_cache, v_cache = (c.clone() for c in kv)
+    q = torch.zeros(len(fi.ids), HQ, D, device=dev)
+    q[:len(q_rows)] = q_rows
+    k_new = torch.zeros(len(fi.ids), HKV, D, device=dev)
+    v_new = torch.zeros_like(k_new)
+    k_new[:len(q_rows)], v_new[:len(q_rows)] = new_kv
+    if backend_name == "triton":
+        from adaspec.layers.attention.triton_kernels import triton_store_kv as store
+    else:
+        from adaspec.layers.attention.torch_ref import torch_store_kv as store
+    store(k_cache, v_cache, k_new, v_new, meta.slot_mapping)
+    out = backend.forward(q, k_cache, v_cache, meta, D ** -0.5, None)
+    return out, k_cache, v_cache, meta
+
+
+@pytest.mark.parametrize("backend", [pytest.param("torch"), pytest.param(
+    "triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="triton not installed"))])
+def test_token_graph_padding_changes_no_real_row(backend):
+    dev = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
+    g = torch.Generator().manual_seed(3)
+    reqs = [(9, 1), (5, 11), (13, 1), (0, 6), (2, 1)]   # decodes around a prefill chunk and a fresh prompt
+    n, T = len(reqs), sum(r for _, r in reqs)
+    slots = 8 * (n + 1) * BS
+    # cached keys of every block (garbage in the scratch block: padding must never read it)
+    kv = [torch.randn(slots, HKV, D, generator=g).to(dev) for _ in range(2)]
+    for c in kv:
+        c[8 * n * BS:] = float("nan")
+    q_rows = torch.randn(T, HQ, D, generator=g).to(dev)
+    new_kv = (torch.randn(T, HKV, D, generator=g).to(dev), torch.randn(T, HKV, D, generator=g).to(dev))
+
+    ref, k_ref, v_ref, _ = _attend(backend, _step(reqs), None, kv, q_rows, new_kv, n)
+    rows, slots_n = 64, n + 3                      # a token graph of 64 rows
+    fi = _step(reqs)
+    fi.pad_to(rows, slots_n)
+    assert fi.q_lens == [r for _, r in reqs] + [rows - T, 0, 0] and len(fi.ids) == rows
+    bq = get_backend(backend).block_q(rows, HQ // HKV, slots_n)
+    launch = (bq, -(-rows // bq) + slots_n)
+    out, k_got, v_got, meta = _attend(backend, fi, launch, kv, q_rows, new_kv, n)
+    assert meta.prog_req.shape[0] == launch[1] and int(meta.prog_req[-1]) == slots_n - 1
+    torch.testing.assert_close(out[:T], ref, atol=2e-5, rtol=2e-5)
+    assert torch.equal(out[T:], torch.zeros_like(out[T:]))          # the padding rows see nothing
+    for got, want in ((k_got, k_ref), (v_got, v_ref)):                  # ... and write nothing (scratch: NaN)
+        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+
+
+def test_pad_to_refuses_what_does_not_fit():
+    fi = _step([(0, 10), (4, 1)])
+    with pytest.raises(ValueError, match="does not fit a token graph of 8 rows"):
+        fi.pad_to(8, 6)
+    with pytest.raises(ValueError, match="does not fit"):
+        _step([(0, 10), (4, 1)]).pad_to(16, 3)   # no slot left for the empty request
+    fi = _step([(0, 10), (4, 1)])
+    fi.pad_to(11, 4)                               # an exact fit: the padding request owns no row
+    assert fi.q_lens == [10, 1, 0, 0] and fi.ctx == [10, 5, 0, 0] and fi.slots[11:] == []
