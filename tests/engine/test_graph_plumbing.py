@@ -286,3 +286,29 @@ def test_moe_targets_one_requests_prompt_replays_a_token_graph(name, tmp_path, m
         assert st["launches"].get("target_eager", 0) == 0 and st["launches"]["target_graph"] > 0, st["launches"]
         assert st["num_free_blocks"] == st["num_total_blocks"]
         assert st.get("accepted_tokens", 0) == stats[False].get("accepted_tokens", 0)
+
+
+def test_token_buckets_and_where_capture_stops(agree_dir, monkeypatch):
+    """Buckets: 16, 32, 64, then steps of at most an eighth, up to the first holding the step
+    budget (8,192 at most). Capture goes up while a replay beats the eager forward of the bucket
+    below (`pays`): with an eager forward of 40 ms at any size and replays of 1.5 ms per row,
+    the 16-row graph pays (24 ms) and the 32-row one does not (48 ms): token graphs stop at 16
+    rows, and a step of more rows runs eagerly."""
+    b = cuda_graph.token_buckets(8192)
+    assert b[:5] == [16, 32, 64, 128, 192] and b[-1] == 8192
+    assert all(n / m - 1 <= 0.125 for m, n in zip(b, b[1:]) if m >= 512)
+    assert cuda_graph.token_buckets(20000)[-1] == 8192 and cuda_graph.token_buckets(129)[-1] == 192
+    assert cuda_graph.token_buckets(1) == [16]
+
+    _stand_in_capture(monkeypatch)
+    monkeypatch.setattr(cuda_graph.CudaGraphs, "_time_token_graph",
+                        staticmethod(lambda tg, eager: (tg.q * 1.5e-3, 0.040)))
+    llm = LLM(agree_dir, device="cpu", dtype="float32", max_num_seqs=2, block_size=4, max_num_batched_tokens=256)
+    runner = llm.engine.runner
+    runner.graphs = runner.make_graphs()
+    runner.graphs.capture_all()
+    assert list(runner.graphs.token_graphs) == [16]   # 32 rows: 48 ms against 40
+    sp = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts_of_lengths([10, 40], seed=3), sp)
+    launches = llm.stats()["launches"]
+    assert launches["target_eager"] >= 1 and launches["target_graph"] >= 1, launches
