@@ -12,7 +12,9 @@ recorded with the number of prompt rows it ran. Then the same under cProfile (ho
 own time), and one prompt step under torch.profiler: its kernels and device time
 (`gpu_fast_path.profile_steps`), and another's CUDA runtime calls (`launch_anatomy.runtime_calls`).
 Prints the median prefill step against the median decode step and writes JSON. `--configs`
-takes launch_anatomy's names: off, chainK, autoK.
+takes launch_anatomy's names: off, chainK, autoK, each also as NAME-eager (no CUDA graphs: the
+same steps without token graphs, `adaspec/engine/cuda_graph.py`). The JSON also says how far
+the token graphs went (`token_graph_rows`: the largest captured) and what capture took.
 """
 from __future__ import annotations
 
@@ -125,13 +127,18 @@ def main() -> None:
     res = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "args": vars(args), "configs": {}}
     for c in args.configs.split(","):
-        kw = config_kwargs(c)
+        kw = config_kwargs(c.removesuffix("-eager"))
         if kw:
             kw["draft"] = head
-        llm = LLM(target, device="cuda" if torch.cuda.is_available() else "cpu", **kw, **extra)
+        llm = LLM(target, device="cuda" if torch.cuda.is_available() else "cpu", enforce_eager=c.endswith("-eager"),
+                  **kw, **extra)
+        graphs = llm.engine.runner.graphs
         r = res["configs"][c] = measure(llm, args)
+        r.update(token_graph_rows=max(graphs.token_graphs, default=0) if graphs else 0,
+                 capture_s=graphs.capture_seconds if graphs else 0.0)
         k = r["kernel_profile"]
-        print(f"{c}: prefill step ms p10/50/90 {r['prefill_ms_p10_p50_p90']}, decode {r['decode_ms_p10_p50_p90']}"
+        print(f"{c}: prefill step ms p10/50/90 {r['prefill_ms_p10_p50_p90']}, decode {r['decode_ms_p10_p50_p90']}, "
+              f"token graphs up to {r['token_graph_rows']} rows, capture {r['capture_s']:.1f} s"
               + (f"; one prefill step: {k['kernels_per_step']:.0f} kernels, device busy "
                  f"{k['device_busy_ms_per_step']:.3f} ms, wall {k['wall_ms_per_step']:.3f} ms" if k else ""), flush=True)
         llm.close()
