@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from itertools import accumulate
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -172,10 +173,20 @@ class _Ref:
         return self._t
 
 
+class FixedLaunch(NamedTuple):
+    """A forward staged at one shape for any mix of requests (a token graph's, captured once):
+    the attention launch plan's rows per program and number of programs, and the bytes kept
+    for tree masks, so every field lies where the capture put it and spans what it did."""
+
+    block_q: int
+    programs: int
+    mask_room: int
+
+
 def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: int, group: int, *,
                   q_lens: list, ctx_len, kv_start, req_row, positions, cache_index, slots, input_ids=None,
                   mask_start=None, mask_offset=None, mask=None, max_ctx_len=None,
-                  shift=None, shift_rows=None, shift_reqs=None, launch: tuple[int, int] | None = None):
+                  shift=None, shift_rows=None, shift_reqs=None, launch: FixedLaunch | None = None):
     """Stage one forward's inputs; returns (AttnMeta, input_ids or None, positions) as device
     views (valid once `stg.commit()` ran). Per-request arrays have one entry per request
     (`kv_start` and `mask_offset` may be one int for all), per-row arrays one per query row
@@ -184,19 +195,22 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
     `shift_rows` = (row indices, device rows) and the requests `shift_reqs` = (request indices,
     device rows) get their positions, cache indices, slots, context lengths (and mask starts)
     corrected on the device (see `Shift`); `max_ctx_len` must then bound the shifted lengths.
-    `launch` = (block_q, programs) fixes the attention launch plan (a token graph's, captured
-    once for any mix of requests): the plan is padded to `programs` with programs of the last
-    request, which must own no rows (they exit at once)."""
+    `launch` fixes the shape (`FixedLaunch`): the plan is padded to `launch.programs` with
+    programs of the last request, which must own no rows (they exit at once), and the tree masks
+    get `launch.mask_room` bytes whatever their size."""
     n = len(q_lens)
     max_q = max(q_lens, default=0)
-    bq = launch[0] if launch is not None else backend.block_q(max(1, max_q), group, n)
+    bq = launch.block_q if launch is not None else backend.block_q(max(1, max_q), group, n)
     prog_req, prog_q0 = launch_plan(q_lens, bq)
     if launch is not None:
-        if len(prog_req) > launch[1] or q_lens[-1]:
-            raise ValueError(f"stage_forward: {len(prog_req)} programs of block_q {bq} do not fit a plan of "
-                             f"{launch[1]} padded with an empty last request (it owns {q_lens[-1]} rows)")
-        prog_req = np.concatenate([prog_req, np.full(launch[1] - len(prog_req), n - 1, np.int32)])
-        prog_q0 = np.concatenate([prog_q0, np.zeros(launch[1] - len(prog_q0), np.int32)])
+        P = launch.programs
+        mask_len = len(mask) if mask is not None else 0
+        if len(prog_req) > P or q_lens[-1] or mask_len > launch.mask_room:
+            raise ValueError(f"stage_forward: {len(prog_req)} programs of block_q {bq} and {mask_len} mask bytes "
+                             f"do not fit a fixed launch of {P} programs padded with an empty last request (it "
+                             f"owns {q_lens[-1]} rows) and {launch.mask_room} mask bytes")
+        prog_req = np.concatenate([prog_req, np.full(P - len(prog_req), n - 1, np.int32)])
+        prog_q0 = np.concatenate([prog_q0, np.zeros(P - len(prog_q0), np.int32)])
     ids = _put(stg, input_ids, torch.int64)[1] if input_ids is not None else None
     pos = _put(stg, positions, torch.int64)[1]
     slot = _put(stg, slots, torch.int64)[1]
@@ -221,7 +235,12 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
     pg_h[0, :P] = prog_req
     pg_h[1, :P] = prog_q0
     pg_h[:, P:] = 0
-    if mask is not None and len(mask):
+    if launch is not None:
+        m_h, m = stg.reserve((launch.mask_room,), torch.uint8)
+        m_h[0] = 0
+        if mask is not None:
+            m_h[:len(mask)] = mask
+    elif mask is not None and len(mask):
         m = stg.add(mask, torch.uint8)
     else:
         m_h, m = stg.reserve((1,), torch.uint8)

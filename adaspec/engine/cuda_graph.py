@@ -1,8 +1,8 @@
 """CUDA graphs of the drafters (K greedy chain steps; tree drafting with selection, per tree
 shape) and of the target forward: for uniform batches (every request has the same number of
 query rows q: decode (q = 1) and verification (q = k + 1 for chains, N for trees), at
-batch-size buckets up to `max_num_seqs`), and for any mix of requests without a tree ("token
-graphs": prompt chunks beside decodes and chains, at token-count buckets); after each uniform
+batch-size buckets up to `max_num_seqs`), and for any mix of requests ("token graphs": prompt
+chunks beside decodes, chains and trees, at token-count buckets); after each uniform
 target graph, a post graph per draft depth (LM head on the verify rows, greedy or simulated
 verification, tree-KV move, draft refresh; decode graphs also without the refresh, for steps
 in which no request may speculate), each plain, with logprobs, and with a grammar's bitmask.
@@ -12,14 +12,16 @@ runner's scratch block).
 
 A token graph of R rows takes any step of at most R rows (`ForwardInputs.pad_to`): one padding
 request owns the rows past the step's (they see no key and write no KV), requests of no rows
-fill a fixed number of request slots, and the attention launch plan is padded to a fixed
-number of programs (`stage_forward`'s `launch`). Its post-forward runs eagerly. An eager step
+fill a fixed number of request slots, the attention launch plan is padded to a fixed number of
+programs and tree masks get a fixed room (`stage_forward`'s `FixedLaunch`). Its post-forward
+runs eagerly. An eager step
 is host time: 95 launches, 7-10 ms for the demo pair's prompt step on the H200 against 0.2 ms
 of device work, ~58 ms for the 48 layers of the Qwen3-30B-A3B shape. Where a model's forward
 is bound by the device, padding to a bucket costs more than launching: token graphs are
 captured from the smallest bucket up while a replay measures faster than the eager forward of
-the bucket below (`pays`). Anything else (tree steps that mix in prompt rows, steps over the
-largest bucket, sampled or penalized verification's post-forward) runs eagerly.
+the bucket below (`pays`). Anything else (steps over the largest token graph, the post-forward
+of steps that are not uniform decodes or verifications, or that sample or penalize) runs
+eagerly.
 
 Capture stages its dummy batches with the step's own layout functions (`step_layout`,
 `verify_step`, `draft_step`) into the step's own staging buffers: the target forward's
@@ -38,6 +40,7 @@ import numpy as np
 import torch
 
 from adaspec.device.chain_steps import ChainSteps
+from adaspec.device.staging import FixedLaunch
 from adaspec.device.shift import Shift
 from adaspec.engine.draft_refresh import refresh_entries
 from adaspec.engine.step_layout import ForwardInputs, StepLayout, stage_forward_inputs
@@ -93,10 +96,10 @@ class _Graph:
     """A captured target forward up to the final hidden states. The LM head runs outside,
     on the rows that sample only: vocabulary-wide logits as a graph output would be a
     static [b*q, vocab] tensor per graph (hundreds of MB each at an 8B shape's buckets).
-    A uniform graph holds `batch` requests of `q` rows; a token graph (`launch` = its fixed
-    attention launch plan (block_q, programs)) holds `q` rows in `batch` request slots."""
+    A uniform graph holds `batch` requests of `q` rows; a token graph (`launch`: the fixed shape
+    of its attention metadata) holds `q` rows in `batch` request slots, trees or not."""
 
-    def __init__(self, batch: int, q: int, tree: bool, graph, hidden, aux, launch: tuple[int, int] | None = None):
+    def __init__(self, batch: int, q: int, tree: bool, graph, hidden, aux, launch: FixedLaunch | None = None):
         self.batch, self.q, self.tree, self.graph, self.hidden, self.aux = batch, q, tree, graph, hidden, aux
         self.launch = launch
 
@@ -294,14 +297,14 @@ class CudaGraphs:
 
     def lookup(self, q_lens: list[int], tree: bool) -> _Graph | None:
         """The target graph of a step whose requests have `q_lens` rows each: the uniform
-        batch's, else (no tree) the token graph of the fewest rows that hold the step's (the
-        caller pads the step to the graph's shape: `_Graph.fit`)."""
+        batch's, else the token graph of the fewest rows that hold the step's (the caller pads
+        the step to the graph's shape: `_Graph.fit`)."""
         if not q_lens:
             return None
         g = None
         if all(q == q_lens[0] for q in q_lens):
             g = self.graphs.get((self.bucket(len(q_lens)), q_lens[0], tree))
-        if g is None and not tree:
+        if g is None:
             rows = sum(q_lens)
             g = next((tg for r, tg in self.token_graphs.items() if r >= rows), None)
         return g
@@ -389,7 +392,7 @@ class CudaGraphs:
         graph, out = self._record(lambda: g.trees.propose(staged, h0, root0, g.draft_cache))
         return _TreeGraph(b, graph, self._h0, self._tok0, out)
 
-    def _stage_dummy(self, b: int, q: int, tree: bool, launch: tuple[int, int] | None = None):
+    def _stage_dummy(self, b: int, q: int, tree: bool, launch: FixedLaunch | None = None):
         """The target forward of b padding requests of q rows (with `launch`: a token graph's
         b slots and q rows), staged as a step stages its own."""
         g = self.g
@@ -440,7 +443,9 @@ class CudaGraphs:
         g = self.g
         slots = self.token_slots()
         bq = g.backend.block_q(rows, g.group, slots)
-        launch = (bq, -(-rows // bq) + slots)   # each request adds at most one partial program
+        n = g.spec.resolved_num_draft_tokens if g.trees is not None and g.spec.topk > 1 else 1
+        # each request adds at most one partial program; every request may verify a tree
+        launch = FixedLaunch(bq, -(-rows // bq) + slots, g.max_num_seqs * n * n)
         meta, ids, pos = self._stage_dummy(slots, rows, False, launch)
         g.stg.commit()
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from adaspec.device.shift import Shift
-from adaspec.device.staging import Staging, stage_forward
+from adaspec.device.staging import FixedLaunch, Staging, stage_forward
 from adaspec.engine.step_plan import StepPlan
 
 
@@ -117,14 +117,13 @@ class ForwardInputs:
 
     def pad_to(self, rows: int, slots: int) -> None:
         """Fill the shape of a token graph of `rows` rows in `slots` request slots
-        (`CudaGraphs.lookup`): a padding request owns the rows past the step's (it sees no key
-        and writes no KV), then requests of no rows fill the slots; the last of them owns the
-        padding programs of the graph's attention launch plan (`stage_forward`'s `launch`)."""
+        (`CudaGraphs.lookup`): a padding request owns the rows past the step's (it sees no key,
+        writes no KV and has no tree), then requests of no rows fill the slots; the last of them
+        owns the padding programs of the graph's attention launch plan (`FixedLaunch`)."""
         n = rows - sum(self.q_lens)
-        if n < 0 or len(self.q_lens) + 2 > slots or self.mask:
-            raise ValueError(f"a step of {sum(self.q_lens)} rows and {len(self.q_lens)} requests"
-                             f"{' with a tree' if self.mask else ''} does not fit a token graph of {rows} rows "
-                             f"and {slots} slots")
+        if n < 0 or len(self.q_lens) + 2 > slots:
+            raise ValueError(f"a step of {sum(self.q_lens)} rows and {len(self.q_lens)} requests does not fit a "
+                             f"token graph of {rows} rows and {slots} slots")
         self.pad(1, n, False)
         self.pad(slots - len(self.q_lens), 0, False)
 
@@ -198,7 +197,7 @@ def forward_inputs(plan: StepPlan, lay: StepLayout, rows: list[int], block_size:
 def stage_forward_inputs(stg: Staging, backend, block_table: torch.Tensor, block_size: int, group: int,
                          fi: ForwardInputs, tree: bool, req_row: list[int], max_ctx_len: int,
                          shift: Shift | None = None, shift_rows=None, shift_reqs=None,
-                         launch: tuple[int, int] | None = None):
+                         launch: FixedLaunch | None = None):
     """Stage the target forward (always the first thing a step stages: graphs read it at
     fixed addresses); returns (AttnMeta, input ids, positions) as device views. `launch`:
     a token graph's attention launch plan (`stage_forward`)."""

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
 import pytest
 import torch
 
-from adaspec.device.staging import Staging
+from adaspec.device.staging import FixedLaunch, Staging
 from adaspec.engine.step_layout import ForwardInputs, stage_forward_inputs
 from adaspec.layers.attention import get_backend
 
@@ -18,20 +19,37 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 BS, HQ, HKV, D = 4, 4, 2, 16
 
 
+TREE = [-1, 0, 0, 1, 2]   # a tree verify's nodes: parents (node 0: the root)
+
+
 def _step(reqs):
-    """ForwardInputs of requests given as (keys cached before, new rows): a prefill chunk over
-    its prefix, decodes, a fresh prompt; request i's blocks are its own, 8 per request."""
+    """ForwardInputs of requests given as (keys cached before, new rows, tree): a prefill chunk
+    over its prefix, decodes, a fresh prompt, a tree verification (`TREE`'s nodes, as
+    step_layout lays them out: a tree region after the prefix); request i's blocks are its
+    own, 8 per request."""
     fi = ForwardInputs()
-    for i, (cached, n) in enumerate(reqs):
+    for i, (cached, n, tree) in enumerate(reqs):
         rng = range(cached, cached + n)
         fi.ids += [3] * n
-        fi.positions += list(rng)
         fi.cache_index += list(rng)
         fi.slots += [(8 * i + p // BS) * BS + p % BS for p in rng]
         fi.q_lens.append(n)
         fi.ctx.append(cached + n)
-        fi.mask_start.append(cached + n)
-        fi.mask_offset.append(0)
+        if tree:
+            m = np.zeros((n, n), np.uint8)
+            depth = []
+            for j, p in enumerate(TREE):
+                m[j] = m[p] if p >= 0 else 0
+                m[j, j] = 1
+                depth.append(int(m[j].sum()) - 1)
+            fi.positions += [cached + d for d in depth]
+            fi.mask_start.append(cached)
+            fi.mask_offset.append(sum(len(x) for x in fi.mask))
+            fi.mask.append(m.reshape(-1))
+        else:
+            fi.positions += list(rng)
+            fi.mask_start.append(cached + n)
+            fi.mask_offset.append(0)
     return fi
 
 
@@ -43,7 +61,7 @@ def _attend(backend_name, fi, launch, kv, q_rows, new_kv, n):
     stg = Staging(1 << 16, dev)
     stg.begin()
     table = torch.arange(8 * (n + 1), dtype=torch.int32, device=dev).view(n + 1, 8)
-    meta, _, _ = stage_forward_inputs(stg, backend, table, BS, HQ // HKV, fi, False,
+    meta, _, _ = stage_forward_inputs(stg, backend, table, BS, HQ // HKV, fi, bool(fi.mask),
                                       [min(i, n) for i in range(len(fi.q_lens))], max_ctx_len=max(fi.ctx),
                                       launch=launch)
     stg.commit()
@@ -67,8 +85,9 @@ def _attend(backend_name, fi, launch, kv, q_rows, new_kv, n):
 def test_token_graph_padding_changes_no_real_row(backend):
     dev = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
     g = torch.Generator().manual_seed(3)
-    reqs = [(9, 1), (5, 11), (13, 1), (0, 6), (2, 1)]   # decodes around a prefill chunk and a fresh prompt
-    n, T = len(reqs), sum(r for _, r in reqs)
+    # decodes around a prefill chunk, a tree verification and a fresh prompt
+    reqs = [(9, 1, False), (5, 11, False), (13, 1, False), (6, len(TREE), True), (0, 6, False), (2, 1, False)]
+    n, T = len(reqs), sum(r for _, r, _ in reqs)
     slots = 8 * (n + 1) * BS
     # cached keys of every block (garbage in the scratch block: padding must never read it)
     kv = [torch.randn(slots, HKV, D, generator=g).to(dev) for _ in range(2)]
@@ -81,11 +100,12 @@ def test_token_graph_padding_changes_no_real_row(backend):
     rows, slots_n = 64, n + 3                      # a token graph of 64 rows
     fi = _step(reqs)
     fi.pad_to(rows, slots_n)
-    assert fi.q_lens == [r for _, r in reqs] + [rows - T, 0, 0] and len(fi.ids) == rows
+    assert fi.q_lens == [r for _, r, _ in reqs] + [rows - T, 0, 0] and len(fi.ids) == rows
     bq = get_backend(backend).block_q(rows, HQ // HKV, slots_n)
-    launch = (bq, -(-rows // bq) + slots_n)
+    launch = FixedLaunch(bq, -(-rows // bq) + slots_n, 4 * len(TREE) ** 2)
     out, k_got, v_got, meta = _attend(backend, fi, launch, kv, q_rows, new_kv, n)
-    assert meta.prog_req.shape[0] == launch[1] and int(meta.prog_req[-1]) == slots_n - 1
+    assert meta.prog_req.shape[0] == launch.programs and int(meta.prog_req[-1]) == slots_n - 1
+    assert meta.mask.numel() == launch.mask_room
     torch.testing.assert_close(out[:T], ref, atol=2e-5, rtol=2e-5)
     assert torch.equal(out[T:], torch.zeros_like(out[T:]))          # the padding rows see nothing
     for got, want in ((k_got, k_ref), (v_got, v_ref)):                  # ... and write nothing (scratch: NaN)
@@ -93,11 +113,25 @@ def test_token_graph_padding_changes_no_real_row(backend):
 
 
 def test_pad_to_refuses_what_does_not_fit():
-    fi = _step([(0, 10), (4, 1)])
+    fi = _step([(0, 10, False), (4, 1, False)])
     with pytest.raises(ValueError, match="does not fit a token graph of 8 rows"):
         fi.pad_to(8, 6)
     with pytest.raises(ValueError, match="does not fit"):
-        _step([(0, 10), (4, 1)]).pad_to(16, 3)   # no slot left for the empty request
-    fi = _step([(0, 10), (4, 1)])
+        _step([(0, 10, False), (4, 1, False)]).pad_to(16, 3)   # no slot left for the empty request
+    fi = _step([(0, 10, False), (4, 1, False)])
     fi.pad_to(11, 4)                               # an exact fit: the padding request owns no row
     assert fi.q_lens == [10, 1, 0, 0] and fi.ctx == [10, 5, 0, 0] and fi.slots[11:] == []
+
+
+def test_fixed_launch_refuses_more_than_it_holds():
+    from adaspec.layers.attention import get_backend as gb
+
+    fi = _step([(0, 10, False), (6, len(TREE), True)])
+    fi.pad_to(32, 4)
+    stg = Staging(1 << 16, torch.device("cpu"))
+    stg.begin()
+    table = torch.zeros(3, 8, dtype=torch.int32)
+    for launch in (FixedLaunch(1, 20, 64), FixedLaunch(1, 40, 8)):   # too few programs; too little mask room
+        with pytest.raises(ValueError, match="do not fit a fixed launch"):
+            stage_forward_inputs(stg, gb("torch"), table, BS, 2, fi, True, [0, 1, 2, 2], max_ctx_len=16,
+                                 launch=launch)
