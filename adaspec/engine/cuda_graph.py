@@ -10,18 +10,15 @@ One memory pool is shared by all graphs (uniform ones captured largest first). A
 buckets is padded with requests that have no keys and write no KV (their blocks map to the
 runner's scratch block).
 
-A token graph of R rows takes any step of at most R rows (`ForwardInputs.pad_to`): one padding
-request owns the rows past the step's (they see no key and write no KV), requests of no rows
-fill a fixed number of request slots, the attention launch plan is padded to a fixed number of
-programs and tree masks get a fixed room (`stage_forward`'s `FixedLaunch`). Its post-forward
-runs eagerly. An eager step
-is host time: 95 launches, 7-10 ms for the demo pair's prompt step on the H200 against 0.2 ms
-of device work, ~58 ms for the 48 layers of the Qwen3-30B-A3B shape. Where a model's forward
-is bound by the device, padding to a bucket costs more than launching: token graphs are
-captured from the smallest bucket up while a replay measures faster than the eager forward of
-the bucket below (`pays`). Anything else (steps over the largest token graph, the post-forward
-of steps that are not uniform decodes or verifications, or that sample or penalize) runs
-eagerly.
+A token graph of R rows takes any step of at most R rows (`ForwardInputs.pad_to`): a padding
+request owns the rows past the step's (they see no key, write no KV), requests of no rows fill
+fixed request slots, the attention launch plan has a fixed number of programs and tree masks a
+fixed room (`FixedLaunch`); its post-forward runs eagerly. Eagerly, a step is host time: the
+demo pair's prompt step took 7-10 ms on the H200 for 0.2 ms of device work, the 48 layers of
+the Qwen3-30B-A3B shape ~58 ms. Where the device bounds a forward, padding costs more than the
+launches: token graphs are captured from the smallest bucket up while a replay beats the eager
+forward of the bucket below (`pays`). Larger steps, and the post-forward of steps that are not
+uniform or that sample or penalize, run eagerly.
 
 Capture stages its dummy batches with the step's own layout functions (`step_layout`,
 `verify_step`, `draft_step`) into the step's own staging buffers: the target forward's
@@ -99,9 +96,10 @@ class _Graph:
     A uniform graph holds `batch` requests of `q` rows; a token graph (`launch`: the fixed shape
     of its attention metadata) holds `q` rows in `batch` request slots, trees or not."""
 
-    def __init__(self, batch: int, q: int, tree: bool, graph, hidden, aux, launch: FixedLaunch | None = None):
+    def __init__(self, batch: int, q: int, tree: bool, graph, hidden, aux, launch: FixedLaunch | None = None,
+                 eager=None):
         self.batch, self.q, self.tree, self.graph, self.hidden, self.aux = batch, q, tree, graph, hidden, aux
-        self.launch = launch
+        self.launch, self.eager = launch, eager   # (eager: the captured forward, run without the graph)
 
     def fit(self, fi: ForwardInputs) -> None:
         """Pad a step's forward inputs to this graph's shape."""
@@ -266,8 +264,8 @@ class CudaGraphs:
         """Token graphs from the smallest bucket up, while each `pays` (every rank agreeing)."""
         eager_below = None
         for rows in token_buckets(self.g.max_num_batched_tokens):
-            tg, eager = self._capture_tokens(rows)
-            replay_s, eager_s = self._time_token_graph(tg, eager)
+            tg = self._capture_tokens(rows)
+            replay_s, eager_s = self._time_token_graph(tg)
             if not self.g.agree(pays(replay_s, eager_below if eager_below is not None else eager_s)):
                 log.info("token graphs stop below %d rows: a replay took %.2f ms, the eager forward of "
                          "fewer rows %.2f ms", rows, replay_s * 1e3, (eager_below or eager_s) * 1e3)
@@ -277,19 +275,18 @@ class CudaGraphs:
         torch.cuda.empty_cache()   # (what the eager forwards cached)
 
     @staticmethod
-    def _time_token_graph(tg: _Graph, eager) -> tuple[float, float]:
-        """(seconds of a replay, seconds of the same forward run eagerly), each the faster of
-        two runs, the device synchronized around each."""
+    def _time_token_graph(tg: _Graph) -> tuple[float, float]:
+        """(seconds of a replay, of the same forward run eagerly): the faster of two each."""
         def clock(fn) -> float:
-            best = float("inf")
+            t = []
             for _ in range(2):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 fn()
                 torch.cuda.synchronize()
-                best = min(best, time.perf_counter() - t0)
-            return best
-        return clock(tg.graph.replay), clock(eager)
+                t.append(time.perf_counter() - t0)
+            return min(t)
+        return clock(tg.graph.replay), clock(tg.eager)
 
     def bucket(self, B: int) -> int | None:
         """The captured batch size that holds B requests (None: above every bucket)."""
@@ -397,10 +394,8 @@ class CudaGraphs:
         b slots and q rows), staged as a step stages its own."""
         g = self.g
         g.stg.begin()
-        if launch is None:
-            fi = ForwardInputs.padding(b, q, tree)
-        else:
-            fi = ForwardInputs()
+        fi = ForwardInputs.padding(b, q, tree) if launch is None else ForwardInputs()
+        if launch is not None:
             fi.pad_to(q, b)
         return stage_forward_inputs(g.stg, g.backend, g.block_table, g.block_size, g.group, fi, tree,
                                     [g.pad_row] * b, max_ctx_len=g.max_model_len,   # split-KV: the longest context
@@ -425,9 +420,9 @@ class CudaGraphs:
         return _PostGraph(graph, out, lp)
 
     @torch.inference_mode()
-    def _capture(self, b: int, q: int, tree: bool) -> _Graph:
+    def _capture(self, b: int, q: int, tree: bool, launch: FixedLaunch | None = None) -> _Graph:
         g = self.g
-        meta, ids, pos = self._stage_dummy(b, q, tree)
+        meta, ids, pos = self._stage_dummy(b, q, tree, launch)
         g.stg.commit()
 
         def run():
@@ -435,23 +430,13 @@ class CudaGraphs:
                 return g.model(ids, pos)
 
         graph, (hidden, aux) = self._record(run)
-        return _Graph(b, q, tree, graph, hidden, aux)
+        return _Graph(b, q, tree, graph, hidden, aux, launch, eager=run)
 
-    @torch.inference_mode()
-    def _capture_tokens(self, rows: int):
-        """(the token graph of `rows` rows, a function that runs its forward eagerly)."""
+    def _capture_tokens(self, rows: int) -> _Graph:
+        """The token graph of `rows` rows in `token_slots` request slots."""
         g = self.g
         slots = self.token_slots()
         bq = g.backend.block_q(rows, g.group, slots)
         n = g.spec.resolved_num_draft_tokens if g.trees is not None and g.spec.topk > 1 else 1
         # each request adds at most one partial program; every request may verify a tree
-        launch = FixedLaunch(bq, -(-rows // bq) + slots, g.max_num_seqs * n * n)
-        meta, ids, pos = self._stage_dummy(slots, rows, False, launch)
-        g.stg.commit()
-
-        def run():
-            with forward_context(ForwardContext(meta, g.backend, g.kv_caches)):
-                return g.model(ids, pos)
-
-        graph, (hidden, aux) = self._record(run)
-        return _Graph(slots, rows, False, graph, hidden, aux, launch), run
+        return self._capture(slots, rows, False, FixedLaunch(bq, -(-rows // bq) + slots, g.max_num_seqs * n * n))

@@ -92,7 +92,7 @@ def _stand_in_capture(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(cuda_graph.CudaGraphs, "_record", record)
     # every token graph "pays" (a stand-in replay measures nothing: `cuda_graph.pays`)
-    monkeypatch.setattr(cuda_graph.CudaGraphs, "_time_token_graph", staticmethod(lambda tg, eager: (0.0, 1.0)))
+    monkeypatch.setattr(cuda_graph.CudaGraphs, "_time_token_graph", staticmethod(lambda tg: (0.0, 1.0)))
     return replays
 
 
@@ -299,7 +299,7 @@ def test_token_buckets_and_where_capture_stops(agree_dir, monkeypatch):
 
     _stand_in_capture(monkeypatch)
     monkeypatch.setattr(cuda_graph.CudaGraphs, "_time_token_graph",
-                        staticmethod(lambda tg, eager: (tg.q * 1.5e-3, 0.040)))
+                        staticmethod(lambda tg: (tg.q * 1.5e-3, 0.040)))
     llm = LLM(agree_dir, device="cpu", dtype="float32", max_num_seqs=2, block_size=4, max_num_batched_tokens=256)
     runner = llm.engine.runner
     runner.graphs = runner.make_graphs()
