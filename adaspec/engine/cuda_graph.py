@@ -394,8 +394,10 @@ class CudaGraphs:
         b slots and q rows), staged as a step stages its own."""
         g = self.g
         g.stg.begin()
-        fi = ForwardInputs.padding(b, q, tree) if launch is None else ForwardInputs()
-        if launch is not None:
+        if launch is None:
+            fi = ForwardInputs.padding(b, q, tree)
+        else:
+            fi = ForwardInputs()
             fi.pad_to(q, b)
         return stage_forward_inputs(g.stg, g.backend, g.block_table, g.block_size, g.group, fi, tree,
                                     [g.pad_row] * b, max_ctx_len=g.max_model_len,   # split-KV: the longest context
