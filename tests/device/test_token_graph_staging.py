@@ -53,9 +53,10 @@ def _step(reqs):
     return fi
 
 
-def _attend(backend_name, fi, launch, kv, q_rows, new_kv, n):
+def _attend(backend_name, fi, launch, kv, q_rows, new_kv, n, splits=None):
     """Stage `fi` (`n` real requests; the rest padding, mapped to the scratch row n) and run
-    the store and attention: (out, k cache, v cache, meta)."""
+    the store and attention (Triton: with `splits` split-KV programs and their reduction, as a
+    graph may have captured): (out, k cache, v cache, meta)."""
     dev = kv[0].device
     backend = get_backend(backend_name)
     stg = Staging(1 << 16, dev)
@@ -76,13 +77,17 @@ def _attend(backend_name, fi, launch, kv, q_rows, new_kv, n):
     else:
         from adaspec.layers.attention.torch_ref import torch_store_kv as store
     store(k_cache, v_cache, k_new, v_new, meta.slot_mapping)
-    out = backend.forward(q, k_cache, v_cache, meta, D ** -0.5, None)
+    if backend_name == "triton":
+        from adaspec.layers.attention.triton_kernels import triton_paged_attention
+        out = triton_paged_attention(q, k_cache, v_cache, meta, D ** -0.5, None, num_splits=splits)
+    else:
+        out = backend.forward(q, k_cache, v_cache, meta, D ** -0.5, None)
     return out, k_cache, v_cache, meta
 
 
-@pytest.mark.parametrize("backend", [pytest.param("torch"), pytest.param(
-    "triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="triton not installed"))])
-def test_token_graph_padding_changes_no_real_row(backend):
+@pytest.mark.parametrize("backend,splits", [("torch", None)] + [pytest.param(
+    "triton", s, marks=pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")) for s in (1, 3)])
+def test_token_graph_padding_changes_no_real_row(backend, splits):
     dev = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
     g = torch.Generator().manual_seed(3)
     # decodes around a prefill chunk, a tree verification and a fresh prompt
@@ -103,7 +108,7 @@ def test_token_graph_padding_changes_no_real_row(backend):
     assert fi.q_lens == [r for _, r, _ in reqs] + [rows - T, 0, 0] and len(fi.ids) == rows
     bq = get_backend(backend).block_q(rows, HQ // HKV, slots_n)
     launch = FixedLaunch(bq, -(-rows // bq) + slots_n, 4 * len(TREE) ** 2)
-    out, k_got, v_got, meta = _attend(backend, fi, launch, kv, q_rows, new_kv, n)
+    out, k_got, v_got, meta = _attend(backend, fi, launch, kv, q_rows, new_kv, n, splits)
     assert meta.prog_req.shape[0] == launch.programs and int(meta.prog_req[-1]) == slots_n - 1
     assert meta.mask.numel() == launch.mask_room
     torch.testing.assert_close(out[:T], ref, atol=2e-5, rtol=2e-5)
