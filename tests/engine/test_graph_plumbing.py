@@ -140,7 +140,8 @@ def test_one_requests_prompt_replays_a_token_graph(agree_dir, trained_head, shap
 @pytest.mark.parametrize("shape", ["off", "chain3", "chain3-sim", "tree"])
 def test_mixed_steps_replay_token_graphs(agree_dir, trained_head, shape, monkeypatch):
     """Steps that mix prompt chunks with decodes and chain verification (requests arriving
-    while others run, chunked prompts, prefix-cache hits, preemption under a small KV cache)
+    while others run, chunked prompts, prefix-cache hits, preemption under a small KV cache,
+    overlap: positions shifted on the device)
     replay token graphs: the same tokens and accepted drafts as eager steps, no block left
     behind. With trees, a step that mixes prompt rows in runs eagerly (no token graph holds a
     tree mask); its uniform steps still replay."""
@@ -177,7 +178,7 @@ def test_mixed_steps_replay_token_graphs(agree_dir, trained_head, shape, monkeyp
     assert outs[True] == outs[False]
     assert [len(t) for t in outs[True]] == [p.max_tokens for p in params]
     st, ref = stats[True], stats[False]
-    assert st["num_preemptions"] > 0 and st["prefix_cache_hit_tokens"] > 0, st
+    assert st["num_preemptions"] > 0 and st["prefix_cache_hit_tokens"] > 0 and st["overlapped_steps"] > 0, st
     assert st["num_free_blocks"] == st["num_total_blocks"]
     if kw:
         assert st["accepted_tokens"] == ref["accepted_tokens"] > 0
