@@ -147,6 +147,11 @@ class EngineConfig:
     attention_backend: str = opt("auto", "--attention-backend", "auto: triton on CUDA, else torch",
                                  choices=("auto", "triton", "torch"))
     enforce_eager: bool = opt(False, "--enforce-eager", "run without CUDA graphs", type=bool)
+    cuda_graph_max_tokens: int = opt(
+        8192, "--cuda-graph-max-tokens", "steps of up to this many query rows that no uniform decode or "
+        "verify graph holds (prompt chunks beside decodes) replay token graphs, captured up to the first "
+        "bucket that holds it (or --max-num-batched-tokens) and only while a replay measures faster than "
+        "the eager forward; 0: such steps run eagerly", type=int, ge=0, le=8192)
     # Plan and launch step N+1 while the device runs step N (SGLang's overlap scheduler, vLLM's
     # async scheduling). Outputs are identical either way; off = one step at a time.
     overlap: bool = opt(True, "--overlap", "plan step N+1 on the CPU while the GPU runs step N "

@@ -57,7 +57,9 @@ def token_buckets(max_rows: int) -> list[int]:
     """Row counts of the token graphs, up to the first that holds `max_rows` (at most
     MAX_TOKEN_GRAPH_ROWS): 16, 32, 64, then steps of an eighth or less (64 up to 1,024, 128
     up to 2,048, 256 up to 4,096, 512 up to 8,192), so padding adds at most 12.5% of the rows
-    above 512 (a forward bound by the device pays for those)."""
+    above 512 (a forward bound by the device pays for those). None for `max_rows` 0."""
+    if max_rows <= 0:
+        return []
     sizes = [16, 32, 64] + list(range(128, 1025, 64)) + list(range(1152, 2049, 128)) \
         + list(range(2304, 4097, 256)) + list(range(4608, MAX_TOKEN_GRAPH_ROWS + 1, 512))
     out = [r for r in sizes if r < max_rows]
@@ -165,7 +167,7 @@ class GraphInputs:
     spec: object             # SpecConfig
     max_num_seqs: int
     max_model_len: int
-    max_num_batched_tokens: int
+    max_token_rows: int      # token graphs up to the first bucket holding this many rows (0: none)
     model: object            # the target (forward up to the final hidden states)
     backend: object
     kv_caches: list
@@ -263,7 +265,7 @@ class CudaGraphs:
     def _capture_token_graphs(self) -> None:
         """Token graphs from the smallest bucket up, while each `pays` (every rank agreeing)."""
         eager_below = None
-        for rows in token_buckets(self.g.max_num_batched_tokens):
+        for rows in token_buckets(self.g.max_token_rows):
             tg = self._capture_tokens(rows)
             replay_s, eager_s = self._time_token_graph(tg)
             if not self.g.agree(pays(replay_s, eager_below if eager_below is not None else eager_s)):

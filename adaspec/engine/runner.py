@@ -236,7 +236,7 @@ class ModelRunner:
         d = self.draft
         return CudaGraphs(GraphInputs(
             spec=self.cfg.spec, max_num_seqs=self.cfg.scheduler.max_num_seqs, max_model_len=self.max_model_len,
-            max_num_batched_tokens=self.cfg.scheduler.max_num_batched_tokens,
+            max_token_rows=min(self.cfg.cuda_graph_max_tokens, self.cfg.scheduler.max_num_batched_tokens),
             model=self.model, backend=self.backend, kv_caches=self.kv_caches, group=self.group,
             block_size=self.block_size, block_table=self.rows.block_table, pad_row=self.rows.pad_row, stg=self.stg,
             draft_stg=self.draft_stg, post=self.post, grammar_masks=self.grammar_masks if grammar_available() else None,

@@ -310,3 +310,24 @@ def test_token_buckets_and_where_capture_stops(agree_dir, monkeypatch):
     llm.generate(prompts_of_lengths([10, 40], seed=3), sp)
     launches = llm.stats()["launches"]
     assert launches["target_eager"] >= 1 and launches["target_graph"] >= 1, launches
+
+
+@pytest.mark.parametrize("limit,graphs", [(0, []), (40, [16, 32, 64])])
+def test_cuda_graph_max_tokens_bounds_the_token_graphs(agree_dir, monkeypatch, limit, graphs):
+    """--cuda-graph-max-tokens: token graphs up to the first bucket holding that many rows; 0
+    turns them off, and steps that no uniform graph holds (prompts) run eagerly, with the same
+    tokens."""
+    _stand_in_capture(monkeypatch)
+    prompts = prompts_of_lengths([30, 9], seed=2)
+    sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    llm = LLM(agree_dir, device="cpu", dtype="float32", max_num_seqs=2, block_size=4, max_num_batched_tokens=200,
+              cuda_graph_max_tokens=limit)
+    ref = [o.token_ids for o in llm.generate(prompts, sp)]
+    runner = llm.engine.runner
+    runner.graphs = runner.make_graphs()
+    runner.graphs.capture_all()
+    assert list(runner.graphs.token_graphs) == graphs
+    before = llm.stats()["launches"].get("target_eager", 0)
+    assert [o.token_ids for o in llm.generate(prompts, sp)] == ref
+    eager = llm.stats()["launches"].get("target_eager", 0) - before
+    assert (eager > 0) == (limit == 0), eager
