@@ -12,9 +12,10 @@ recorded with the number of prompt rows it ran. Then the same under cProfile (ho
 own time), and one prompt step under torch.profiler: its kernels and device time
 (`gpu_fast_path.profile_steps`), and another's CUDA runtime calls (`launch_anatomy.runtime_calls`).
 Prints the median prefill step against the median decode step and writes JSON. `--configs`
-takes launch_anatomy's names: off, chainK, autoK, each also as NAME-eager (no CUDA graphs: the
-same steps without token graphs, `adaspec/engine/cuda_graph.py`). The JSON also says how far
-the token graphs went (`token_graph_rows`: the largest captured) and what capture took.
+takes launch_anatomy's names: off, chainK, autoK, each also as NAME-eager (`--cuda-graph-max-tokens
+0`: prompt steps run eagerly, decode steps keep their graphs; `adaspec/engine/cuda_graph.py`).
+The JSON also says how far the token graphs went (`token_graph_rows`: the largest captured) and
+what capture took.
 """
 from __future__ import annotations
 
@@ -130,8 +131,8 @@ def main() -> None:
         kw = config_kwargs(c.removesuffix("-eager"))
         if kw:
             kw["draft"] = head
-        llm = LLM(target, device="cuda" if torch.cuda.is_available() else "cpu", enforce_eager=c.endswith("-eager"),
-                  **kw, **extra)
+        llm = LLM(target, device="cuda" if torch.cuda.is_available() else "cpu",
+                  **(dict(cuda_graph_max_tokens=0) if c.endswith("-eager") else {}), **kw, **extra)
         graphs = llm.engine.runner.graphs
         r = res["configs"][c] = measure(llm, args)
         r.update(token_graph_rows=max(graphs.token_graphs, default=0) if graphs else 0,
