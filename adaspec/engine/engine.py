@@ -410,8 +410,10 @@ class Engine:
             "overlapped_steps": self.counters["overlapped_steps"],
             "attention_backend": self.runner.backend.name,
             "tensor_parallel_size": self.config.tensor_parallel_size,
-            "cuda_graphs": (len(self.runner.graphs.graphs) + len(self.runner.graphs.draft_graphs)
-                            if self.runner.graphs else 0),
+            "cuda_graphs": (len(self.runner.graphs.graphs) + len(self.runner.graphs.token_graphs)
+                            + len(self.runner.graphs.draft_graphs) if self.runner.graphs else 0),
+            # the largest step a token graph holds (cuda_graph.py: captured while they pay)
+            "cuda_graph_token_rows": max(self.runner.graphs.token_graphs, default=0) if self.runner.graphs else 0,
             "cuda_graph_capture_s": round(self.runner.graphs.capture_seconds, 2) if self.runner.graphs else 0.0,
             "cuda_graph_memory_bytes": self.runner.graphs.memory_bytes if self.runner.graphs else 0,
             "num_stalled_steps": self.num_stalled_steps,

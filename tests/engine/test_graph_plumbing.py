@@ -327,6 +327,7 @@ def test_cuda_graph_max_tokens_bounds_the_token_graphs(agree_dir, monkeypatch, l
     runner.graphs = runner.make_graphs()
     runner.graphs.capture_all()
     assert list(runner.graphs.token_graphs) == graphs
+    assert llm.stats()["cuda_graph_token_rows"] == max(graphs, default=0)
     before = llm.stats()["launches"].get("target_eager", 0)
     assert [o.token_ids for o in llm.generate(prompts, sp)] == ref
     eager = llm.stats()["launches"].get("target_eager", 0) - before
