@@ -151,7 +151,7 @@ class EngineConfig:
         8192, "--cuda-graph-max-tokens", "steps of up to this many query rows that no uniform decode or "
         "verify graph holds (prompt chunks beside decodes) replay token graphs, captured up to the first "
         "bucket that holds it (or --max-num-batched-tokens) and only while a replay measures faster than "
-        "the eager forward; 0: such steps run eagerly", type=int, ge=0, le=8192)
+        "the eager forward; 0: such steps run eagerly", type=int, ge=0)
     # Plan and launch step N+1 while the device runs step N (SGLang's overlap scheduler, vLLM's
     # async scheduling). Outputs are identical either way; off = one step at a time.
     overlap: bool = opt(True, "--overlap", "plan step N+1 on the CPU while the GPU runs step N "

@@ -49,19 +49,15 @@ from adaspec.spec_decode.policy import SpeculationPolicy
 log = logging.getLogger("adaspec")
 
 MAX_GRAPH_TOKENS = 2048
-#: Rows of the largest token graph (at most; no more than a step can hold).
-MAX_TOKEN_GRAPH_ROWS = 8192
-
-
 def token_buckets(max_rows: int) -> list[int]:
-    """Row counts of the token graphs, up to the first that holds `max_rows` (at most
-    MAX_TOKEN_GRAPH_ROWS): 16, 32, 64, then steps of an eighth or less (64 up to 1,024, 128
-    up to 2,048, 256 up to 4,096, 512 up to 8,192), so padding adds at most 12.5% of the rows
-    above 512 (a forward bound by the device pays for those). None for `max_rows` 0."""
+    """Row counts of the token graphs, up to the first that holds `max_rows` (none for 0): 16,
+    32, 64, then steps of an eighth or less (64 up to 1,024, 128 up to 2,048, 256 up to 4,096,
+    512 up to 8,192, 1,024 beyond), so padding adds at most 12.5% of the rows above 512 (a
+    forward bound by the device pays for those)."""
     if max_rows <= 0:
         return []
     sizes = [16, 32, 64] + list(range(128, 1025, 64)) + list(range(1152, 2049, 128)) \
-        + list(range(2304, 4097, 256)) + list(range(4608, MAX_TOKEN_GRAPH_ROWS + 1, 512))
+        + list(range(2304, 4097, 256)) + list(range(4608, 8193, 512)) + list(range(9216, max_rows + 1024, 1024))
     out = [r for r in sizes if r < max_rows]
     return out + [r for r in sizes if r >= max_rows][:1]
 

@@ -287,16 +287,16 @@ def test_moe_targets_one_requests_prompt_replays_a_token_graph(name, tmp_path, m
 
 
 def test_token_buckets_and_where_capture_stops(agree_dir, monkeypatch):
-    """Buckets: 16, 32, 64, then steps of at most an eighth, up to the first holding the step
-    budget (8,192 at most). Capture goes up while a replay beats the eager forward of the bucket
+    """Buckets: 16, 32, 64, then steps of at most an eighth (1,024 past 8,192), up to the first
+    holding the step budget. Capture goes up while a replay beats the eager forward of the bucket
     below (`pays`): with an eager forward of 40 ms at any size and replays of 1.5 ms per row,
     the 16-row graph pays (24 ms) and the 32-row one does not (48 ms): token graphs stop at 16
     rows, and a step of more rows runs eagerly."""
     b = cuda_graph.token_buckets(8192)
     assert b[:5] == [16, 32, 64, 128, 192] and b[-1] == 8192
     assert all(n / m - 1 <= 0.125 for m, n in zip(b, b[1:]) if m >= 512)
-    assert cuda_graph.token_buckets(20000)[-1] == 8192 and cuda_graph.token_buckets(129)[-1] == 192
-    assert cuda_graph.token_buckets(1) == [16]
+    assert cuda_graph.token_buckets(20000)[-2:] == [19456, 20480] and cuda_graph.token_buckets(129)[-1] == 192
+    assert cuda_graph.token_buckets(1) == [16] and cuda_graph.token_buckets(0) == []
 
     _stand_in_capture(monkeypatch)
     monkeypatch.setattr(cuda_graph.CudaGraphs, "_time_token_graph",
