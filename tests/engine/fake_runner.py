@@ -26,7 +26,11 @@ def fake_execute(plan, rng: random.Random, vocab: int = 50) -> list[StepResult]:
 
 class FakeRunner:
     """ModelRunner's surface without a model: `on_launch(plan, in_flight_plan)` sees every
-    launched plan (with the plan still in flight, if any); results are `fake_execute`'s."""
+    launched plan (with the plan still in flight, if any); results are `fake_execute`'s.
+    Step times: what `on_launch` returns (seconds) is that step's `last_step_time` when it is
+    collected, as the real runner times each step with its own events; with overlap, step N
+    is collected after step N+1 was launched. None: `last_step_time` is left as it is (tests
+    that set it themselves)."""
 
     def __init__(self, num_blocks: int, rng: random.Random, draft: bool, on_launch):
         self.num_blocks, self.rng, self.on_launch = num_blocks, rng, on_launch
@@ -49,10 +53,10 @@ class FakeRunner:
         return True
 
     def launch(self, plan):
-        self.on_launch(plan, self.inflight)
+        cost = self.on_launch(plan, self.inflight)
         self.inflight = plan
         self.launches += 1
-        return SimpleNamespace(plan=plan)
+        return SimpleNamespace(plan=plan, cost=cost)
 
     def finish(self, step) -> None:
         pass
@@ -60,4 +64,6 @@ class FakeRunner:
     def collect(self, step) -> list[StepResult]:
         if self.inflight is step.plan:
             self.inflight = None
+        if step.cost is not None:
+            self.last_step_time = step.cost
         return fake_execute(step.plan, self.rng)

@@ -29,7 +29,7 @@ def _engine(threshold: int, overlap: bool, plans: list, cost=_linear) -> Engine:
     def on_launch(plan, in_flight):
         plans.append([(s.req.request_id, s.num_new_tokens) for s in plan.scheduled])
         prefill = sum(n for _, n in plans[-1] if n > 1)
-        runner.last_step_time = cost(prefill)   # read when this step is collected
+        return cost(prefill)   # this step's time, when it is collected
 
     runner = FakeRunner(4000, random.Random(0), False, on_launch)
     runner.model_spec.max_position = 4096
