@@ -49,6 +49,45 @@ def decode_ms(table: dict, b: int) -> float:
     return pts[-1][1]
 
 
+def closed_loop(eng: Engine, clock: list, concurrency: int, waves: int, jitter_ms: float, seed: int = 1,
+                after_warm_up=None) -> tuple[dict, dict, dict]:
+    """Serve `concurrency` clients `waves` requests each (512 prompt tokens, 256 output) on
+    `eng`, whose runner advances `clock[0]` (seconds); a client sends its next request 0 to
+    `jitter_ms` after its last ended. Two warm-up requests run first (as `adaspec compare` sends
+    before a level), then the clock restarts and `after_warm_up()` is called. Returns (arrival,
+    first token, finish) times by request id."""
+    sp = SamplingParams(max_tokens=256, temperature=0.0, ignore_eos=True)
+    total = concurrency * waves
+    rng = random.Random(seed)
+    for k in range(2):
+        eng.add_request(f"w{k}", [rng.randrange(3, 50) for _ in range(512)], sp)
+    while eng.has_unfinished():
+        eng.step()
+    clock[0] = 0.0
+    if after_warm_up is not None:
+        after_warm_up()
+    arrive, first, done, sent = {}, {}, {}, 0
+    due: list[float] = [rng.uniform(0, jitter_ms) / 1e3 for _ in range(concurrency)]   # next sends
+    while len(done) < total:
+        for t in sorted(due):
+            if t <= clock[0] and sent < total:
+                due.remove(t)
+                rid = f"r{sent}"
+                eng.add_request(rid, [rng.randrange(3, 50) for _ in range(512)], sp)
+                arrive[rid] = t
+                sent += 1
+        if not eng.has_unfinished():   # idle until the next client sends
+            clock[0] = min(due)
+            continue
+        for out in eng.step():
+            if out.token_ids and out.request_id not in first:
+                first[out.request_id] = clock[0]
+            if out.finished:
+                done[out.request_id] = clock[0]
+                due.append(clock[0] + rng.uniform(0, jitter_ms) / 1e3)   # the client's round trip
+    return arrive, first, done
+
+
 def run(shape: str, concurrency: int, waves: int, per_token_only: bool, jitter_ms: float,
         fixed_ms: float | None = None) -> dict:
     table, fixed, per = SHAPES[shape]
@@ -68,34 +107,8 @@ def run(shape: str, concurrency: int, waves: int, per_token_only: bool, jitter_m
     cfg = EngineConfig.create("fake-model", max_num_seqs=256, max_num_batched_tokens=8192, block_size=16,
                               num_blocks=60000)
     eng = Engine(cfg, runner=runner)
-    sp = SamplingParams(max_tokens=256, temperature=0.0, ignore_eos=True)
+    arrive, first, done = closed_loop(eng, clock, concurrency, waves, jitter_ms)
     total = concurrency * waves
-    rng = random.Random(1)
-    for k in range(2):   # warm-up, as `adaspec compare` sends before a level: the pacer measures
-        eng.add_request(f"w{k}", [rng.randrange(3, 50) for _ in range(512)], sp)
-    while eng.has_unfinished():
-        eng.step()
-    clock[0] = 0.0
-    arrive, first, done, sent = {}, {}, {}, 0
-    due: list[float] = [rng.uniform(0, jitter_ms) / 1e3 for _ in range(concurrency)]   # next sends
-
-    while len(done) < total:
-        for t in sorted(due):
-            if t <= clock[0] and sent < total:
-                due.remove(t)
-                rid = f"r{sent}"
-                eng.add_request(rid, [rng.randrange(3, 50) for _ in range(512)], sp)
-                arrive[rid] = t
-                sent += 1
-        if not eng.has_unfinished():   # idle until the next client sends
-            clock[0] = min(due)
-            continue
-        for out in eng.step():
-            if out.token_ids and out.request_id not in first:
-                first[out.request_id] = clock[0]
-            if out.finished:
-                done[out.request_id] = clock[0]
-                due.append(clock[0] + rng.uniform(0, jitter_ms) / 1e3)   # the client's round trip
     ttft = sorted(first[r] - arrive[r] for r in done)
     tpot = sorted((done[r] - first[r]) / 255 for r in done)
     q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))]

@@ -32,12 +32,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "engine"), str(ROOT / "benchmarks")]
 
 from fake_runner import FakeRunner  # noqa: E402
-from pacer_sim import decode_ms  # noqa: E402
+from pacer_sim import closed_loop, decode_ms  # noqa: E402
 
 from adaspec.config import EngineConfig  # noqa: E402
 from adaspec.engine.engine import Engine  # noqa: E402
 from adaspec.engine.step_plan import StepResult  # noqa: E402
-from adaspec.sampling import SamplingParams  # noqa: E402
 
 # session 18, served auto's step_ms at shutdown: {depth: {batch: ms}}
 MOE_STEP_MS = {
@@ -111,31 +110,9 @@ def run(config: str, concurrency: int, waves: int, accept: float, fixed_ms: floa
     cfg = EngineConfig.create("fake-model", max_num_seqs=256, max_num_batched_tokens=8192, block_size=16,
                               num_blocks=60000, **(dict(draft="fake-head") if kw else {}), **kw)
     eng = Engine(cfg, runner=runner)
-    sp = SamplingParams(max_tokens=256, temperature=0.0, ignore_eos=True)
     total = concurrency * waves
-    rng = random.Random(seed + 1)
-    for k in range(2):   # warm-up, as `adaspec compare` sends before a level
-        eng.add_request(f"w{k}", [rng.randrange(3, 50) for _ in range(512)], sp)
-    while eng.has_unfinished():
-        eng.step()
-    clock[0] = 0.0
-    depths.clear()
-    acc.update(dict.fromkeys(acc, 0))
-    done, sent = 0, 0
-    due = [rng.uniform(0, jitter_ms) / 1e3 for _ in range(concurrency)]
-    while done < total:
-        for t in sorted(due):
-            if t <= clock[0] and sent < total:
-                due.remove(t)
-                eng.add_request(f"r{sent}", [rng.randrange(3, 50) for _ in range(512)], sp)
-                sent += 1
-        if not eng.has_unfinished():
-            clock[0] = min(due)
-            continue
-        for out in eng.step():
-            if out.finished:
-                done += 1
-                due.append(clock[0] + rng.uniform(0, jitter_ms) / 1e3)
+    closed_loop(eng, clock, concurrency, waves, jitter_ms, seed + 1,
+                after_warm_up=lambda: (depths.clear(), acc.update(dict.fromkeys(acc, 0))))
     return {"config": config, "concurrency": concurrency, "tok_per_s": round(total * 256 / clock[0], 1),
             "steps_by_depth": dict(sorted(depths.items())), "prompt_steps": acc["prompt_steps"],
             "prompt_share": round(acc["prompt_s"] / clock[0], 3), "decode_steps": acc["decode_steps"],
