@@ -176,11 +176,20 @@ class _Ref:
 class FixedLaunch(NamedTuple):
     """A forward staged at one shape for any mix of requests (a token graph's, captured once):
     the attention launch plan's rows per program and number of programs, and the bytes kept
-    for tree masks, so every field lies where the capture put it and spans what it did."""
+    for tree masks, so every field lies where the capture put it and spans what it did; and
+    the split-KV factor its attention launches with."""
 
     block_q: int
     programs: int
     mask_room: int
+    num_splits: int | None = None   # the attention's split-KV factor (None: chosen per launch)
+
+
+def max_programs(rows: int, slots: int, block_q: int) -> int:
+    """The most attention programs `launch_plan` gives `rows` query rows spread over at most
+    `slots` requests, `block_q` rows a program: each request that owns rows adds at most one
+    partial program, and no more requests own rows than there are rows."""
+    return -(-rows // block_q) + min(rows, slots)
 
 
 def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: int, group: int, *,
@@ -260,7 +269,7 @@ def stage_forward(stg: Staging, backend, block_table: torch.Tensor, block_size: 
         positions=pos.t, cache_index=ci.t, slot_mapping=slot.t, query_start=q_start.t,
         ctx_len=pr[0], kv_start=pr[1], req_row=pr[2], mask_start=pr[3], mask_offset=pr[4],
         block_table=block_table, mask=m.t, prog_req=pg[0], prog_q0=pg[1], block_q=bq,
-        block_size=block_size, max_q_len=max_q,
+        block_size=block_size, max_q_len=max_q, num_splits=launch.num_splits if launch is not None else None,
         max_ctx_len=max_ctx_len if max_ctx_len is not None else (int(np.max(ctx_len)) if n else 0))
     return meta, (ids.t if ids is not None else None), pos.t
 

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from adaspec.device.chain_steps import ChainSteps
-from adaspec.device.staging import FixedLaunch
+from adaspec.device.staging import FixedLaunch, max_programs
 from adaspec.device.shift import Shift
 from adaspec.engine.draft_refresh import refresh_entries
 from adaspec.engine.step_layout import ForwardInputs, StepLayout, stage_forward_inputs
@@ -438,5 +438,9 @@ class CudaGraphs:
         slots = self.token_slots()
         bq = g.backend.block_q(rows, g.group, slots)
         n = g.spec.resolved_num_draft_tokens if g.trees is not None and g.spec.topk > 1 else 1
-        # each request adds at most one partial program; every request may verify a tree
-        return self._capture(slots, rows, False, FixedLaunch(bq, -(-rows // bq) + slots, g.max_num_seqs * n * n))
+        hkv = g.kv_caches[0][0].shape[1]
+        # every request may verify a tree; the keys split as for these rows alone, over the
+        # longest context
+        return self._capture(slots, rows, False, FixedLaunch(
+            bq, max_programs(rows, slots, bq), g.max_num_seqs * n * n,
+            g.backend.graph_splits(rows, bq, g.group, hkv, g.max_model_len, g.device)))

@@ -53,10 +53,9 @@ def _step(reqs):
     return fi
 
 
-def _attend(backend_name, fi, launch, kv, q_rows, new_kv, n, splits=None):
+def _attend(backend_name, fi, launch, kv, q_rows, new_kv, n):
     """Stage `fi` (`n` real requests; the rest padding, mapped to the scratch row n) and run
-    the store and attention (Triton: with `splits` split-KV programs and their reduction, as a
-    graph may have captured): (out, k cache, v cache, meta)."""
+    the store and attention: (out, k cache, v cache, meta)."""
     dev = kv[0].device
     backend = get_backend(backend_name)
     stg = Staging(1 << 16, dev)
@@ -77,17 +76,25 @@ def _attend(backend_name, fi, launch, kv, q_rows, new_kv, n, splits=None):
     else:
         from adaspec.layers.attention.torch_ref import torch_store_kv as store
     store(k_cache, v_cache, k_new, v_new, meta.slot_mapping)
-    if backend_name == "triton":
-        from adaspec.layers.attention.triton_kernels import triton_paged_attention
-        out = triton_paged_attention(q, k_cache, v_cache, meta, D ** -0.5, None, num_splits=splits)
-    else:
-        out = backend.forward(q, k_cache, v_cache, meta, D ** -0.5, None)
+    out = backend.forward(q, k_cache, v_cache, meta, D ** -0.5, None)
     return out, k_cache, v_cache, meta
 
 
 @pytest.mark.parametrize("backend,splits", [("torch", None)] + [pytest.param(
     "triton", s, marks=pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")) for s in (1, 3)])
-def test_token_graph_padding_changes_no_real_row(backend, splits):
+def test_token_graph_padding_changes_no_real_row(backend, splits, monkeypatch):
+    reduces = []
+    if backend == "triton":   # spy on the split reduction: the launch's split-KV factor is the meta's
+        from adaspec.layers.attention import triton_kernels as tk
+
+        real = tk._split_reduce_kernel
+
+        class Spy:
+            def __getitem__(self, grid):
+                reduces.append(grid)
+                return real[grid]
+
+        monkeypatch.setattr(tk, "_split_reduce_kernel", Spy())
     dev = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
     g = torch.Generator().manual_seed(3)
     # decodes around a prefill chunk, a tree verification and a fresh prompt
@@ -107,10 +114,12 @@ def test_token_graph_padding_changes_no_real_row(backend, splits):
     fi.pad_to(rows, slots_n)
     assert fi.q_lens == [r for _, r, _ in reqs] + [rows - T, 0, 0] and len(fi.ids) == rows
     bq = get_backend(backend).block_q(rows, HQ // HKV, slots_n)
-    launch = FixedLaunch(bq, -(-rows // bq) + slots_n, 4 * len(TREE) ** 2)
-    out, k_got, v_got, meta = _attend(backend, fi, launch, kv, q_rows, new_kv, n, splits)
+    # (Triton: the split-KV factor the launch fixes, and the reduction of the splits)
+    launch = FixedLaunch(bq, -(-rows // bq) + slots_n, 4 * len(TREE) ** 2, splits)
+    out, k_got, v_got, meta = _attend(backend, fi, launch, kv, q_rows, new_kv, n)
     assert meta.prog_req.shape[0] == launch.programs and int(meta.prog_req[-1]) == slots_n - 1
-    assert meta.mask.numel() == launch.mask_room
+    assert meta.mask.numel() == launch.mask_room and meta.num_splits == splits
+    assert bool(reduces) == (splits is not None and splits > 1), reduces
     torch.testing.assert_close(out[:T], ref, atol=2e-5, rtol=2e-5)
     assert torch.equal(out[T:], torch.zeros_like(out[T:]))          # the padding rows see nothing
     for got, want in ((k_got, k_ref), (v_got, v_ref)):                  # ... and write nothing (scratch: NaN)
@@ -140,3 +149,23 @@ def test_fixed_launch_refuses_more_than_it_holds():
         with pytest.raises(ValueError, match="do not fit a fixed launch"):
             stage_forward_inputs(stg, gb("torch"), table, BS, 2, fi, True, [0, 1, 2, 2], max_ctx_len=16,
                                  launch=launch)
+
+
+def test_max_programs_bounds_every_plan():
+    """A token graph's launch plan is padded to `max_programs`: no mix of at most `slots`
+    requests over `rows` rows may need more, at any block_q."""
+    import random
+
+    from adaspec.device.staging import max_programs
+    from adaspec.layers.attention.meta import launch_plan
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        rows, slots, bq = rng.choice([16, 64, 192, 1024]), rng.randint(3, 40), rng.choice([1, 2, 4, 8, 16])
+        q = [0] * rng.randint(1, slots - 2)
+        for _ in range(rows):   # every row to some request (a prompt, decodes, a padding request's rest)
+            q[rng.randrange(len(q))] += 1 if rng.random() < 0.9 else 0
+        q.append(rows - sum(q))
+        q += [0] * (slots - len(q))
+        assert len(launch_plan(q, bq)[0]) <= max_programs(rows, slots, bq), (rows, slots, bq, q)
+    assert max_programs(16, 258, 16) == 17 and max_programs(2048, 258, 16) == 128 + 258

@@ -521,6 +521,21 @@ def test_choose_num_splits():
     assert choose_num_splits(512, 4096, cpu, block_m=64) == 1
 
 
+def test_token_graph_splits():
+    """A token graph splits its keys as its rows alone would (its padding programs do nothing):
+    a short prompt over a long context splits, a big chunk or a short context does not."""
+    pytest.importorskip("triton")
+    from adaspec.layers.attention import get_backend
+    from adaspec.layers.attention.triton_kernels import token_graph_splits
+
+    cpu = torch.device("cpu")
+    assert token_graph_splits(16, 4, 4, 8, 32768, cpu) > 4     # 4 programs a KV head: split
+    assert token_graph_splits(2048, 16, 4, 8, 32768, cpu) == 1   # 128 programs a KV head
+    assert token_graph_splits(16, 4, 4, 8, 300, cpu) == 1       # too few keys to split
+    assert get_backend("triton").graph_splits(16, 4, 4, 8, 32768, cpu) == token_graph_splits(16, 4, 4, 8, 32768, cpu)
+    assert get_backend("torch").graph_splits(16, 4, 4, 8, 32768, cpu) is None
+
+
 def test_bad_shapes_raise():
     b = make_batch([Req(prefix=2, q_len=1)], 4, 2, 8, 3, block_q=1)
     with pytest.raises(ValueError, match="Hq % Hkv"):

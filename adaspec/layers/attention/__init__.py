@@ -40,6 +40,11 @@ class AttentionBackend(abc.ABC):
         returns the number of launches."""
         return 0
 
+    def graph_splits(self, rows: int, block_q: int, group: int, num_kv_heads: int, max_ctx_len: int,
+                     device) -> int | None:
+        """The split-KV factor a token graph of `rows` rows fixes (None: the backend has none)."""
+        return None
+
 
 class TorchBackend(AttentionBackend):
     """CPU reference (also runs on CUDA): gathers pages and calls SDPA with an explicit mask."""
@@ -63,6 +68,10 @@ class TritonBackend(AttentionBackend):
     def block_q(self, max_q_len: int, group: int, num_reqs: int | None = None) -> int:
         from adaspec.layers.attention.triton_kernels import choose_block_q
         return choose_block_q(max_q_len, group, num_reqs)
+
+    def graph_splits(self, rows, block_q, group, num_kv_heads, max_ctx_len, device) -> int | None:
+        from adaspec.layers.attention.triton_kernels import token_graph_splits
+        return token_graph_splits(rows, block_q, group, num_kv_heads, max_ctx_len, device)
 
     def warm_up(self, num_heads, kv_cache, block_table, block_size, dtype, windows) -> int:
         from adaspec.layers.attention.triton_kernels import warm_up

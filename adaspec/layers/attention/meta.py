@@ -49,6 +49,7 @@ class AttnMeta:
     block_size: int              # tokens per KV block
     max_ctx_len: int             # host-side upper bound of ctx_len (reference: padding; Triton: split-KV)
     max_q_len: int               # host-side upper bound of rows per request
+    num_splits: int | None = None   # Triton split-KV programs per query block, fixed (None: chosen per launch)
 
     @property
     def num_reqs(self) -> int:

@@ -86,6 +86,16 @@ def choose_num_splits(num_programs: int, max_ctx_len: int, device: torch.device,
     return max(1, min(want, max_ctx_len // 256, 32))
 
 
+def token_graph_splits(rows: int, block_q: int, group: int, num_kv_heads: int, max_ctx_len: int,
+                       device: torch.device) -> int:
+    """Split-KV factor of a token graph of `rows` rows (engine/cuda_graph.py): what a launch of
+    those rows alone would choose. Its launch plan is padded with programs that do nothing, so
+    the choice from its grid would never split, and a short prompt over a long cached context
+    (a chat's next turn) would read every key of a head in one program."""
+    block_m = max(MIN_BLOCK_M, block_q * _next_pow2(group))
+    return choose_num_splits(-(-rows // block_q) * num_kv_heads, max_ctx_len, device, block_m)
+
+
 def launch_config(block_m: int, d_pad: int) -> tuple[int, int, int]:
     """(block_n, num_warps, num_stages) of the attention kernel for a tile of `block_m` rows.
     Measured on an H200 (8B heads, 512 keys; benchmarks/results/h200/attention_sweep): 4 warps
@@ -254,8 +264,8 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     Rows covered by the launch plan (meta.prog_req / prog_q0 / block_q) are written; a row
     that sees no key gets zeros; rows outside every request are left untouched.
-    `num_splits`: split-KV factor (None: `choose_num_splits` from the grid and
-    meta.max_ctx_len, host ints only). Each split's key range is computed on the device, so
+    `num_splits`: split-KV factor (None: meta.num_splits, else `choose_num_splits` from the grid
+    and meta.max_ctx_len, host ints only). Each split's key range is computed on the device, so
     any fixed value is correct for any context length (for CUDA graphs: fix it per graph).
     fp32 inputs use exact (ieee) products; bf16 / fp16 tensor-core ones with fp32 softmax.
     `block_n`, `num_warps`, `num_stages`: launch overrides for tuning (None: the defaults).
@@ -280,6 +290,8 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     P = meta.prog_req.shape[0]
     if P == 0:
         return out
+    if num_splits is None:
+        num_splits = meta.num_splits
     G = Hq // Hkv
     GP = _next_pow2(G)
     BLOCK_M = max(MIN_BLOCK_M, block_q * GP)
