@@ -9,11 +9,14 @@ the ones before it were), and a virtual clock advanced by a step cost model:
 
     python3 benchmarks/policy_sim.py --concurrency 1,2,4,8,16,32,64,128,256 \
         --configs off,chain3,chain4,auto [--prefill-fixed-ms 58.4] [--json out.json]
+    python3 benchmarks/policy_sim.py --costs-from SERVER_LOG     # an `auto` server's shutdown figures
 
 T: a measured table of decode and verify steps by draft depth and batch; the default is what
 session 18's served `auto` measured on the H200 for the Qwen3-30B-A3B shape (its shutdown
 `step_ms`, benchmarks/results/h200/moe/load_experiment_8w/part-e/server-auto.log), and prompt
-rows cost what that run fitted (58.4 ms fixed, 6.7 us per token: eager prompt steps). Every
+rows cost what that run fitted (58.4 ms fixed, 6.7 us per token: eager prompt steps).
+`--costs-from LOG` takes both from another `auto` server's log (its "engine stats at shutdown"
+line: `step_ms`, `catchup_fixed_us`, `catchup_token_us`). Every
 configuration sees the same costs, so what differs is the policy alone: the question this
 answers is whether `auto`, fed those costs, picks what the best fixed length would have made.
 Requests: 512 prompt tokens, 256 output, each client sending its next request up to
@@ -38,13 +41,15 @@ from adaspec.config import EngineConfig  # noqa: E402
 from adaspec.engine.engine import Engine  # noqa: E402
 from adaspec.engine.step_plan import StepResult  # noqa: E402
 
-# session 18, served auto's step_ms at shutdown: {depth: {batch: ms}}
+# session 18, served auto's step_ms at shutdown, every entry: {depth: {batch: ms}}
 MOE_STEP_MS = {
     0: {1: 2.84, 2: 6.397, 4: 5.29, 8: 7.884, 16: 11.924, 32: 15.017, 64: 16.585, 128: 17.428, 256: 18.56},
     1: {1: 3.622, 2: 4.9, 4: 6.961, 8: 9.553, 16: 12.732, 32: 15.861, 64: 17.332, 128: 18.47, 256: 21.196},
-    2: {1: 4.254, 2: 5.595, 4: 7.382, 8: 9.754, 16: 13.12, 32: 16.612, 64: 17.936, 128: 22.36, 256: 29.288},
-    3: {1: 4.562, 2: 6.426, 4: 7.803, 8: 10.427, 16: 13.748, 32: 17.632, 64: 19.799, 128: 23.313, 256: 31.877},
-    4: {1: 5.583, 2: 6.357, 4: 7.96, 8: 10.934, 16: 14.64, 32: 18.206, 64: 21.589, 128: 26.048, 256: 47.057},
+    2: {1: 4.254, 2: 5.595, 3: 7.423, 4: 7.382, 8: 9.754, 16: 13.12, 32: 16.612, 64: 17.936, 128: 22.36, 256: 29.288},
+    3: {1: 4.562, 2: 6.426, 4: 7.803, 6: 9.894, 8: 10.427, 16: 13.748, 32: 17.632, 64: 19.799, 96: 28.501,
+        128: 23.313, 192: 29.872, 256: 31.877},
+    4: {1: 5.583, 2: 6.357, 3: 7.871, 4: 7.96, 6: 10.42, 8: 10.934, 12: 13.812, 16: 14.64, 24: 17.732,
+        32: 18.206, 48: 20.759, 64: 21.589, 96: 24.638, 128: 26.048, 192: 31.705, 256: 47.057},
 }
 CONFIGS = {   # name -> engine keywords (a draft head is simulated for all but off)
     "off": {},
@@ -83,8 +88,19 @@ class SimRunner(FakeRunner):
         return out
 
 
+def costs_from_log(path: str) -> tuple[dict, float, float]:
+    """(step ms by depth and batch, prompt fixed ms, prompt ms per token) from the last "engine
+    stats at shutdown" line of an `auto` server's log."""
+    import ast
+
+    line = [x for x in Path(path).read_text().splitlines() if "engine stats at shutdown:" in x][-1]
+    state = ast.literal_eval(line.split("engine stats at shutdown:", 1)[1].strip())["policy_state"]
+    table = {int(d): {int(b): float(ms) for b, ms in row.items()} for d, row in state["step_ms"].items()}
+    return table, state["catchup_fixed_us"] / 1e3, state["catchup_token_us"] / 1e3
+
+
 def run(config: str, concurrency: int, waves: int, accept: float, fixed_ms: float, per_token_ms: float,
-        jitter_ms: float, seed: int = 0) -> dict:
+        jitter_ms: float, seed: int = 0, table: dict | None = None) -> dict:
     clock = [0.0]
     depths: dict[int, int] = {}
     acc = dict.fromkeys(("prompt_steps", "prompt_s", "decode_steps", "decode_s", "decode_rows"), 0)
@@ -93,7 +109,7 @@ def run(config: str, concurrency: int, waves: int, accept: float, fixed_ms: floa
         decoders = [s for s in plan.scheduled if s.num_new_tokens <= 1]
         depth = max((s.draft.num_steps for s in plan.scheduled if s.draft is not None), default=0)
         prefill = sum(s.num_new_tokens for s in plan.scheduled if s.num_new_tokens > 1)
-        ms = decode_ms(MOE_STEP_MS[depth], max(1, len(decoders))) if decoders or not prefill else 0.0
+        ms = decode_ms((table or MOE_STEP_MS)[depth], max(1, len(decoders))) if decoders or not prefill else 0.0
         ms += fixed_ms + per_token_ms * prefill if prefill else 0.0
         depths[depth] = depths.get(depth, 0) + 1
         kind = "prompt" if prefill else "decode"
@@ -128,12 +144,18 @@ def main() -> int:
     p.add_argument("--prefill-fixed-ms", type=float, default=58.4)
     p.add_argument("--prefill-token-ms", type=float, default=0.0067)
     p.add_argument("--jitter-ms", type=float, default=10.0)
+    p.add_argument("--costs-from", default=None, help="an auto server's log: its shutdown cost table and prompt fit")
     p.add_argument("--json", default=None)
     a = p.parse_args()
+    table = None
+    if a.costs_from:
+        table, a.prefill_fixed_ms, a.prefill_token_ms = costs_from_log(a.costs_from)
+        print(json.dumps({"costs_from": a.costs_from, "prefill_fixed_ms": a.prefill_fixed_ms,
+                          "prefill_token_ms": a.prefill_token_ms}))
     rows = []
     for c in a.concurrency.split(","):
-        level = {cfg: run(cfg, int(c), a.waves, a.accept_rate, a.prefill_fixed_ms, a.prefill_token_ms, a.jitter_ms)
-                 for cfg in a.configs.split(",")}
+        level = {cfg: run(cfg, int(c), a.waves, a.accept_rate, a.prefill_fixed_ms, a.prefill_token_ms, a.jitter_ms,
+                          table=table) for cfg in a.configs.split(",")}
         fixed = {k: v["tok_per_s"] for k, v in level.items() if k != "auto"}
         best = max(fixed, key=fixed.get)
         row = {"concurrency": int(c), **{k: v["tok_per_s"] for k, v in level.items()}, "best_fixed": best}
