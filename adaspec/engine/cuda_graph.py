@@ -31,7 +31,6 @@ import gc
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -182,8 +181,7 @@ class GraphInputs:
     draft_layers: int = 0
     dtype: torch.dtype = torch.float32
     device: torch.device | None = None
-    # every rank's vote -> the one decision (tensor parallelism: all ranks capture the same graphs)
-    agree: Callable[[bool], bool] = lambda vote: vote
+    tp: object = None        # this rank's TPGroup (its ranks must capture the same graphs), or None
 
 
 class CudaGraphs:
@@ -264,7 +262,10 @@ class CudaGraphs:
         for rows in token_buckets(self.g.max_token_rows):
             tg = self._capture_tokens(rows)
             replay_s, eager_s = self._time_token_graph(tg)
-            if not self.g.agree(pays(replay_s, eager_below if eager_below is not None else eager_s)):
+            keep = pays(replay_s, eager_below if eager_below is not None else eager_s)
+            if self.g.tp is not None:   # every rank's vote: all must keep it (the start-up exchange)
+                keep = all(self.g.tp.exchange(keep))
+            if not keep:
                 log.info("token graphs stop below %d rows: a replay took %.2f ms, the eager forward of "
                          "fewer rows %.2f ms", rows, replay_s * 1e3, (eager_below or eager_s) * 1e3)
                 break

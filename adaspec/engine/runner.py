@@ -240,11 +240,9 @@ class ModelRunner:
             model=self.model, backend=self.backend, kv_caches=self.kv_caches, group=self.group,
             block_size=self.block_size, block_table=self.rows.block_table, pad_row=self.rows.pad_row, stg=self.stg,
             draft_stg=self.draft_stg, post=self.post, grammar_masks=self.grammar_masks if grammar_available() else None,
-            chain=self.chain,
-            trees=self.trees.drafter if self.trees is not None else None, draft_cache=self.draft_cache,
-            draft_hidden_size=d.spec.hidden_size if d is not None else 0, draft_layers=d.num_layers if d else 0,
-            dtype=self.dtype, device=self.device,
-            agree=(lambda vote: all(self.tp.exchange(vote))) if self.tp is not None else (lambda vote: vote)))
+            chain=self.chain, trees=self.trees.drafter if self.trees is not None else None,
+            draft_cache=self.draft_cache, draft_layers=d.num_layers if d else 0, dtype=self.dtype, device=self.device,
+            draft_hidden_size=d.spec.hidden_size if d is not None else 0, tp=self.tp))
 
     # ---- the step -------------------------------------------------------------------------
     def execute(self, plan: StepPlan) -> list[StepResult]:
