@@ -171,6 +171,12 @@ class EngineConfig:
     tensor_parallel_size: int = opt(1, "--tensor-parallel-size", "shard the target over this many GPUs (one "
                                     "worker process per extra GPU; gloo processes on CPU)", type=int, ge=1,
                                     aliases=("-tp",))
+    # Expert parallelism (vLLM's flag): the tensor-parallel ranks split a MoE's routed experts
+    # between them, each expert whole, instead of cutting every expert (parallel/shard.py).
+    enable_expert_parallel: bool = opt(False, "--enable-expert-parallel", "MoE targets: each tensor-parallel "
+                                       "rank holds whole experts, a contiguous 1/N of them, instead of 1/N of "
+                                       "every expert (no effect with one rank or a dense model)", type=bool,
+                                       aliases=("-ep",))
 
     def __post_init__(self) -> None:
         check_fields(self)

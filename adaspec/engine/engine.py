@@ -410,6 +410,7 @@ class Engine:
             "overlapped_steps": self.counters["overlapped_steps"],
             "attention_backend": self.runner.backend.name,
             "tensor_parallel_size": self.config.tensor_parallel_size,
+            "enable_expert_parallel": self.config.enable_expert_parallel,
             "cuda_graphs": (len(self.runner.graphs.graphs) + len(self.runner.graphs.token_graphs)
                             + len(self.runner.graphs.draft_graphs) if self.runner.graphs else 0),
             # the largest step a token graph holds (cuda_graph.py: captured while they pay)

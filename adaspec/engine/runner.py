@@ -104,7 +104,7 @@ class ModelRunner:
     def _build(self) -> None:
         cfg, tp = self.cfg, self.tp
         torch.manual_seed(cfg.seed)
-        shard = Shard(tp.rank, tp.size) if tp is not None else None
+        shard = Shard(tp.rank, tp.size, cfg.enable_expert_parallel) if tp is not None else None
         phase(tp, lambda: self._load_target(shard))
         self.backend = get_backend(resolve_backend(cfg.attention_backend, self.device))
         self.block_size = cfg.cache.block_size

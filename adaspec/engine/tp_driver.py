@@ -68,7 +68,7 @@ class TPDriver:
         ranks cannot share, TPStartupError naming a rank that failed to start."""
         from adaspec.models.registry import parse_model_spec
         n = cfg.tensor_parallel_size
-        Shard(0, n).check(parse_model_spec(cfg.model)[0])
+        Shard(0, n, cfg.enable_expert_parallel).check(parse_model_spec(cfg.model)[0])
         if device.type == "cuda" and torch.cuda.device_count() < n:
             raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs, this host has {torch.cuda.device_count()}")
         os.environ.update(NO_MULTICAST_ENV)   # inherited by the workers, and read by NCCL here

@@ -158,15 +158,19 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
+    """The routed experts this rank holds, stacked: all of them, or under expert parallelism the
+    run `moe.local_experts`, whose forward is this rank's part of the sum (the rest is 0)."""
+
     def __init__(self, hidden: int, moe: MoeSpec):
         super().__init__()
-        E, I = moe.router.num_experts, moe.intermediate_size
-        self.w13 = nn.Parameter(torch.empty(E, 2 * I, hidden))
-        self.w2 = nn.Parameter(torch.empty(E, hidden, I))
+        I = moe.intermediate_size
+        self.first, count = moe.local_experts or (None, moe.router.num_experts)
+        self.w13 = nn.Parameter(torch.empty(count, 2 * I, hidden))
+        self.w2 = nn.Parameter(torch.empty(count, hidden, I))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                 round_weights: bool = False) -> torch.Tensor:
-        return fused_experts(x, self.w13, self.w2, weights, ids, round_weights)
+        return fused_experts(x, self.w13, self.w2, weights, ids, round_weights, self.first)
 
 
 class SparseMoeBlock(nn.Module):
@@ -247,9 +251,10 @@ class MoeForCausalLM(LlamaForCausalLM):
             return None
         i, which = int(m.group(1)), m.group(2)
         lay, moe = self.layout, self.spec.moe
-        E, I = moe.router.num_experts, moe.intermediate_size
+        I = moe.intermediate_size
+        first, count = moe.local_experts or (0, moe.router.num_experts)   # expert parallelism: this rank's
         pre = f"model.layers.{i}.{lay.block}.experts"
         if which == "w2":
-            return [(f"{pre}.{e}.{lay.down}.weight", (e,)) for e in range(E)]
-        return [(f"{pre}.{e}.{proj}.weight", (e, slice(o, o + I)))
-                for e in range(E) for proj, o in ((lay.gate, 0), (lay.up, I))]
+            return [(f"{pre}.{first + e}.{lay.down}.weight", (e,)) for e in range(count)]
+        return [(f"{pre}.{first + e}.{proj}.weight", (e, slice(o, o + I)))
+                for e in range(count) for proj, o in ((lay.gate, 0), (lay.up, I))]

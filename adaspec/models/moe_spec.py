@@ -19,3 +19,6 @@ class MoeSpec:
     router_bias: bool = False         # e_score_correction_bias (selection only)
     router_fp32: bool = False         # GLM: router weight, logits and weights in fp32 (HF keeps them so)
     round_weights: bool = False       # Qwen: routing weights rounded to the model dtype before use
+    # Expert parallelism (parallel/shard.py): (first, count) of the routed experts this rank holds
+    # whole; None: all of them (one rank, or every expert cut by tensor parallelism).
+    local_experts: tuple[int, int] | None = None

@@ -6,7 +6,12 @@
     o, down             row-parallel: the matching input columns; the partial sums are added by
                         one all-reduce per attention and one per MLP (`DecoderLayer.tp_reduce`)
     experts (MoE)       each expert cut like a dense MLP (its own intermediate size), the router
-                        and the shared-expert gate replicated: every rank routes identically
+                        and the shared-expert gate replicated: every rank routes identically.
+                        With `expert_parallel` (vLLM's --enable-expert-parallel) rank r holds
+                        whole experts instead, the contiguous run `experts(E)`; slots routed
+                        to other ranks' experts add nothing there, and the MLP's all-reduce
+                        sums the ranks' parts as it sums the cut experts' partial sums. Shared
+                        experts and dense MLP layers are cut as above either way.
     embedding, LM head  vocabulary-parallel: rank r holds rows r*S .. (r+1)*S, S = ceil(V / N)
                         (the last shard padded with zero rows)
     norms               replicated
@@ -25,6 +30,7 @@ from dataclasses import dataclass, replace
 class Shard:
     rank: int
     size: int
+    expert_parallel: bool = False   # MoE: whole experts per rank instead of a cut of every expert
 
     # ---- the cut ------------------------------------------------------------------------
     def check(self, spec) -> None:
@@ -35,7 +41,11 @@ class Shard:
                              f"o_proj or the MLP are served on one GPU only")
         need = [("num_attention_heads", spec.num_heads), ("intermediate_size", spec.intermediate_size)]
         if spec.moe is not None:
-            need.append(("moe_intermediate_size", spec.moe.intermediate_size))
+            if not self.expert_parallel:
+                need.append(("moe_intermediate_size", spec.moe.intermediate_size))
+            elif spec.moe.router.num_experts < n:
+                raise ValueError(f"tensor_parallel_size={n} with expert parallelism needs at least {n} experts, "
+                                 f"the model has {spec.moe.router.num_experts}")
             if spec.moe.shared_intermediate_size:
                 need.append(("shared expert intermediate size", spec.moe.shared_intermediate_size))
         for name, v in need:
@@ -56,6 +66,14 @@ class Shard:
         k0 = r * spec.num_kv_heads // n   # fewer KV heads than ranks: this rank's query heads read one
         return range(r * q, (r + 1) * q), range(k0, k0 + 1)
 
+    def experts(self, num_experts: int) -> range:
+        """Routed experts this rank holds whole under expert parallelism: a contiguous run, the
+        first `num_experts % size` ranks one more (vLLM's linear placement)."""
+        n, r = self.size, self.rank
+        base, extra = divmod(num_experts, n)
+        first = r * base + min(r, extra)
+        return range(first, first + base + (r < extra))
+
     def vocab(self, vocab_size: int) -> range:
         """Vocabulary rows of this rank (the last shard may be short: padded with zero rows)."""
         s = -(-vocab_size // self.size)
@@ -67,7 +85,11 @@ class Shard:
         n = self.size
         q, kv = self.heads(spec)
         moe = spec.moe
-        if moe is not None:
+        if moe is not None and self.expert_parallel:
+            mine = self.experts(moe.router.num_experts)
+            moe = replace(moe, local_experts=(mine.start, len(mine)),
+                          shared_intermediate_size=moe.shared_intermediate_size // n)
+        elif moe is not None:
             moe = replace(moe, intermediate_size=moe.intermediate_size // n,
                           shared_intermediate_size=moe.shared_intermediate_size // n)
         return replace(spec, num_heads=len(q), num_kv_heads=len(kv), intermediate_size=spec.intermediate_size // n,
@@ -75,9 +97,12 @@ class Shard:
 
     # ---- what each rank reads -----------------------------------------------------------
     def slice_of(self, name: str, spec) -> tuple[int, int, int] | None:
-        """(dim, start, stop) of checkpoint tensor `name` this rank reads; None: all of it."""
+        """(dim, start, stop) of checkpoint tensor `name` this rank reads; None: all of it
+        (under expert parallelism, a routed expert's tensors: the rank reads only its experts')."""
         for pattern, dim, unit in _RULES:
             if pattern.search(name):
+                if unit == "expert" and self.expert_parallel:
+                    return None
                 lo, hi = self._units(unit, spec)
                 return dim, lo, hi
         return None

@@ -314,10 +314,11 @@ def _build_server(args: argparse.Namespace, engine, sock: socket.socket):
             total = int(st.get("num_total_blocks", 0) or 0)
             graphs = (f"{st['cuda_graphs']} CUDA graphs ({st['cuda_graph_capture_s']} s, "
                       f"{st['cuda_graph_memory_bytes'] / 2**30:.2f} GiB)" if st.get("cuda_graphs") else "eager")
-            logger.info("adaspec serving %s | draft %s | speculation %s | device %s, dtype %s, TP %d | max "
+            logger.info("adaspec serving %s | draft %s | speculation %s | device %s, dtype %s, TP %d%s | max "
                         "model len %d | KV capacity %d tokens (%d blocks x %d) | %s attention, %s | http://%s:%d",
                         settings.served_model_name, cfg.spec.draft or "none", _speculation_text(cfg.spec), cfg.device,
-                        cfg.dtype, cfg.tensor_parallel_size, engine.max_model_len, total * block_size, total,
+                        cfg.dtype, cfg.tensor_parallel_size, " (experts split: expert parallel)"
+                        if cfg.enable_expert_parallel and cfg.tensor_parallel_size > 1 else "", engine.max_model_len, total * block_size, total,
                         block_size, st.get("attention_backend", "?"), graphs, args.host, port)
 
     # uvicorn's own start/stop chatter stays below the one startup line unless debugging.

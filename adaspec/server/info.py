@@ -27,6 +27,7 @@ def server_info(serving) -> dict:
             "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,
             "enable_prefix_caching": cfg.cache.enable_prefix_caching,
             "device": cfg.device, "dtype": cfg.dtype, "tensor_parallel_size": cfg.tensor_parallel_size,
+            "enable_expert_parallel": cfg.enable_expert_parallel,
             "max_queue_len": serving.settings.max_queue_len,
             "max_prompts_per_request": serving.settings.max_prompts_per_request,
             "generation_config": cfg.generation_config,

@@ -85,6 +85,24 @@ def test_tree_auto(llama_dir, head):
         llm.close()
 
 
+def test_expert_parallel_moe_target(tmp_path):
+    """--enable-expert-parallel on a Qwen3-MoE target (8 experts, a dense MLP layer): each rank
+    holds 4 whole experts; greedy and seeded-sampled output with chains of 3 equals TP=1's."""
+    from moe_models import make_moe_model
+
+    d = str(make_moe_model(tmp_path / "m", "qwen3_moe"))
+    h = str(make_eagle3_head(tmp_path / "h", d))
+    ref, got, llm = both(d, draft=h, speculation="always", num_steps=3, enable_expert_parallel=True)
+    try:
+        assert got == ref
+        experts = [m for m in llm.engine.runner.model.modules() if type(m).__name__ == "Experts"]
+        assert experts and all(m.w13.shape[0] == 4 and m.first == 0 for m in experts)   # rank 0's half
+        st = llm.stats()
+        assert st["verify_steps"] > 0 and st["enable_expert_parallel"] is True
+    finally:
+        llm.close()
+
+
 def test_sizes_the_model_cannot_share_fail_before_spawning(llama_dir):
     with pytest.raises(ValueError, match="tensor_parallel_size=3 does not divide the model's num_attention_heads"):
         LLM(llama_dir, device="cpu", dtype="float32", tensor_parallel_size=3)

@@ -64,6 +64,20 @@ def test_kernel_matches_reference_on_cuda(case, dtype):
         assert_as_close_as_reference(got, x, w13, w2, weights, ids)
 
 
+@pytest.mark.parametrize("case", [0, 2, 5, 6])
+def test_expert_parallel_halves_sum_to_the_whole_on_cuda(case):
+    """fp32, compiled kernels: two ranks' halves of the experts (global ids, `first_expert`)
+    add up to the whole layer; the skipped slots cost no row and add nothing."""
+    from adaspec.layers.moe import fused_experts
+
+    T, E, H, I, cfg = CASES[case]
+    x, w13, w2, weights, ids = _inputs(T, E, H, I, cfg, torch.float32)
+    n = E // 2
+    parts = [fused_experts(x, w13[r * n:(r + 1) * n], w2[r * n:(r + 1) * n], weights, ids, first_expert=r * n)
+             for r in range(2)]
+    torch.testing.assert_close(parts[0] + parts[1], fused_experts_ref(x, w13, w2, weights, ids), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("path", ["small", "aligned"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 3, 8])

@@ -2,6 +2,7 @@
 kernel (under the Triton interpreter on CPU) against the per-expert PyTorch loop."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import pytest
@@ -148,6 +149,44 @@ def test_fused_moe_kernel_matches_reference(case, path):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("case", ["top2-uneven-empty", "top8-raw", "decode-b1-top8"])
+def test_expert_parallel_parts_sum_to_the_whole(case, ranks, monkeypatch):
+    """Expert parallelism: each rank holds a contiguous run of experts and passes the router's
+    global ids with `first_expert`; slots of other ranks' experts add nothing, so the ranks'
+    parts sum to the whole layer. The reference on CPU; under the interpreter (where it is
+    installed) both kernel paths too, whose aligned path must zero the rows of skipped slots."""
+    from adaspec.layers.moe import fused_experts, local_ids
+
+    from adaspec.parallel import Shard
+
+    T, E, H, I, cfg = KERNEL_CASES[case]   # E = 10 or 16: over 3 ranks, runs of unequal length
+    w13, w2 = _experts(E, H, I)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(T, H, generator=g)
+    if cfg == "uneven":
+        ids = _uneven_ids(T, 2, E)
+        weights = torch.rand(T, 2, generator=g)
+    else:
+        weights, ids = route(torch.randn(T, E, generator=g), RouterConfig("softmax", E, cfg.top_k))
+    whole = fused_experts_ref(x, w13, w2, weights, ids)
+    runs = [Shard(r, ranks, expert_parallel=True).experts(E) for r in range(ranks)]
+    assert local_ids(torch.tensor([[0, 3, 4, E - 1]]), 4, 3).tolist() == [[-1, -1, 0, -1]]
+    paths = [None]
+    if importlib.util.find_spec("triton") is not None and not torch.cuda.is_available():
+        paths += ["small", "aligned"]
+        from adaspec.layers.moe import triton_kernels as tk
+        real = tk.fused_experts_triton
+    for path in paths:
+        if path is not None:   # through the dispatch, the kernel path forced
+            monkeypatch.setattr(moe_layer, "use_triton", lambda t: True)
+            monkeypatch.setattr(tk, "fused_experts_triton", functools.partial(real, path=path))
+        parts = [fused_experts(x, w13[run.start:run.stop], w2[run.start:run.stop], weights, ids,
+                               first_expert=run.start) for run in runs]
+        assert all(not torch.equal(p, whole) for p in parts), path   # each rank holds only a share
+        torch.testing.assert_close(sum(parts), whole, rtol=1e-5, atol=1e-5, msg=lambda m: f"{path}: {m}")
+
+
 # T, k, E, H, I, ids ("route": softmax top-k; "uneven": _uneven_ids, repeats and empty experts),
 # small-path launch (None: the default, whose tiles exceed these H and I: one masked step;
 # "tiny": 16-wide K steps, so the loops run several masked steps)
@@ -248,6 +287,13 @@ def test_alignment_places_every_pair_once(block_m, T, chunked):
         seen += rows
     assert sorted(seen) == list(range(T * k))
     assert seen == sorted(seen, key=lambda p: (int(flat[p]), p))   # pair order kept within an expert
+    # Ids of -1 (experts on another rank) place no pair; the others' layout is unchanged.
+    gone = ids.clone()
+    gone[::3, 0] = -1
+    sp, be, br = align(gone, E, block_m, chunked=chunked)
+    kept = [p for p in range(T * k) if int(gone.reshape(-1)[p]) >= 0]
+    rows = [r for b in range(int((be >= 0).sum())) for r in sp[b * block_m: b * block_m + int(br[b])].tolist()]
+    assert sorted(rows) == kept and len(kept) < T * k
     if chunked:   # the same layout as the one-program alignment, row for row
         one = align(ids, E, block_m, chunked=False)
         assert torch.equal(one[1], block_expert) and torch.equal(one[2], block_rows)

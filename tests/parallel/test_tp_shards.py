@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import socket
+from dataclasses import replace
 
 import pytest
 import torch
@@ -42,6 +43,18 @@ def test_cut_of_heads_vocab_and_experts(model_dirs, tmp_path):
     assert s.slice_of("model.layers.0.mlp.shared_expert.down_proj.weight", moe) == (1, 24, 48)
     assert s.slice_of("model.layers.0.mlp.gate.weight", moe) is None           # the router: replicated
     assert s.slice_of("model.layers.0.mlp.shared_expert_gate.weight", moe) is None
+    # Expert parallelism: whole experts, a contiguous run per rank (8 experts over 3 ranks: 3, 3, 2);
+    # the shared expert is still cut.
+    ep = [Shard(r, 3, expert_parallel=True) for r in range(3)]
+    assert [e.experts(8) for e in ep] == [range(0, 3), range(3, 6), range(6, 8)]
+    local = Shard(1, 2, expert_parallel=True).local_spec(moe).moe
+    assert local.local_experts == (4, 4) and local.intermediate_size == 32 and local.shared_intermediate_size == 24
+    assert Shard(1, 2, expert_parallel=True).slice_of("model.layers.0.mlp.experts.5.up_proj.weight", moe) is None
+    assert Shard(1, 2, expert_parallel=True).slice_of("model.layers.0.mlp.shared_expert.up_proj.weight",
+                                                      moe) == (0, 24, 48)
+    with pytest.raises(ValueError, match="at least 16 experts"):
+        Shard(0, 16, expert_parallel=True).check(replace(moe, num_heads=16, num_kv_heads=16,
+                                                         intermediate_size=96 * 16))
 
 
 def _prefill_logits(model, ids: list[int]) -> torch.Tensor:
@@ -76,8 +89,8 @@ def _rank(rank: int, dirs: list[str], init: str, out=None) -> list[torch.Tensor]
     tp = TPGroup.init(rank, 2, torch.device("cpu"), init)
     try:
         logits = []
-        for d in dirs:
-            shard = Shard(rank, 2)
+        for d, ep in dirs:
+            shard = Shard(rank, 2, expert_parallel=ep)
             model, spec, _ = load_model(d, torch.device("cpu"), "float32", shard=shard)
             model.fuse()
             logits.append(_prefill_logits(parallelize(model, spec, shard, tp), PROMPT))
@@ -100,10 +113,11 @@ def _rank(rank: int, dirs: list[str], init: str, out=None) -> list[torch.Tensor]
 def test_every_architecture_two_shards_equal_whole(model_dirs, tmp_path):
     from adaspec.models.loader import load_model
 
-    dirs = list(model_dirs.values()) + [str(make_moe_model(tmp_path / n, n)) for n in
-                                        ("qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe")]
-    dirs.append(str(make_tiny_model(tmp_path / "kv1", "llama", num_kv_heads=1)))   # KV heads replicated
-    dirs.append(str(make_tiny_model(tmp_path / "phi3", "phi3")))   # fused qkv / gate_up, split before the cut
+    moe = [str(make_moe_model(tmp_path / n, n)) for n in ("qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe")]
+    dirs = [(d, False) for d in list(model_dirs.values()) + moe]
+    dirs += [(d, True) for d in moe]   # expert parallelism: whole experts per rank
+    dirs.append((str(make_tiny_model(tmp_path / "kv1", "llama", num_kv_heads=1)), False))   # KV heads replicated
+    dirs.append((str(make_tiny_model(tmp_path / "phi3", "phi3")), False))   # fused qkv / gate_up, split before the cut
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         init = f"tcp://127.0.0.1:{s.getsockname()[1]}"
@@ -117,12 +131,12 @@ def test_every_architecture_two_shards_equal_whole(model_dirs, tmp_path):
     finally:
         p.join(timeout=30)
     assert p.exitcode == 0
-    for d, got in zip(dirs, sharded):
+    for (d, ep), got in zip(dirs, sharded):
         model, _, _ = load_model(d, torch.device("cpu"), "float32")
         model.fuse()
         want = _prefill_logits(model, PROMPT)
         assert got.shape == want.shape, d
-        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4, msg=lambda m: f"{d}: {m}")
-        assert torch.equal(got.argmax(-1), want.argmax(-1)), d
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4, msg=lambda m: f"{d} ep={ep}: {m}")
+        assert torch.equal(got.argmax(-1), want.argmax(-1)), (d, ep)
     # The phase failed on rank 1 only; both ranks raise, naming it.
     assert failure == failure_1 and "rank 1: MemoryError: no room for the KV cache" in failure

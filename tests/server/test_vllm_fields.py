@@ -174,7 +174,8 @@ def test_vllm_serve_flags(tok_model_dir):
     srv = ServerProcess(["--model", tok_model_dir, "--num-kv-blocks", "128", "--max-model-len", "256",
                          "--trust-remote-code", "--enable-auto-tool-choice", "--enable-chunked-prefill",
                          "--disable-log-requests", "--kv-cache-dtype", "auto", "--pipeline-parallel-size", "1",
-                         "--enable-prompt-tokens-details", "--return-tokens-as-token-ids", "--response-role", "bot"])
+                         "--enable-prompt-tokens-details", "--return-tokens-as-token-ids", "--response-role", "bot",
+                         "--enable-expert-parallel"])
     try:
         body = {"prompt": "salted fox " * 12, "max_tokens": 2, "temperature": 0, "logprobs": 0}
         first = _post(srv.url, body)
@@ -186,6 +187,8 @@ def test_vllm_serve_flags(tok_model_dir):
         assert not any(t.startswith("token_id:") for t in words)
         chat = _post(srv.url, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, "/v1/chat/completions")
         assert chat["choices"][0]["message"]["role"] == "bot"
+        info = httpx.get(srv.url + "/server_info", timeout=30).json()
+        assert info["config"]["enable_expert_parallel"] is True   # a dense model on one rank: no effect
     finally:
         code, out = srv.stop()
     assert code == 0, out

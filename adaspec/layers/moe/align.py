@@ -1,7 +1,8 @@
 """Token-to-expert alignment of the fused-MoE aligned path, on the device, without a host sync.
 
 For ids [T, k] (N = T*k (token, slot) pairs) it returns every expert's pairs in rows padded to
-BLOCK_M, and per padded block its expert and valid row count. Buffers have fixed maximum sizes
+BLOCK_M, and per padded block its expert and valid row count. An id of -1 (the slot's expert is
+on another rank: expert parallelism) places no pair. Buffers have fixed maximum sizes
 (cdiv(N, BLOCK_M) + min(E, N) blocks), so CUDA graphs capture it. Pairs keep their order within
 an expert and experts come in ascending order; rows past a block's valid count are unwritten.
 
@@ -72,7 +73,7 @@ if triton is not None:
             hit = v[:, None] == e[None, :]
             before = tl.cumsum(hit.to(tl.int32), axis=0) - 1 + seen[None, :]   # rank within expert
             row = tl.sum(tl.where(hit, before + first[None, :] * BM, 0), axis=1)
-            tl.store(sorted_ptr + row, i, mask=ok)
+            tl.store(sorted_ptr + row, i, mask=ok & (v >= 0))   # -1: no expert here, no row
             seen += tl.sum(hit.to(tl.int32), axis=0)
 
     @triton.jit(do_not_specialize=["N"])
@@ -106,7 +107,7 @@ if triton is not None:
         hit = v[:, None] == e[None, :]
         rank = tl.cumsum(hit.to(tl.int32), axis=0) - 1 + before[None, :]
         row = tl.sum(tl.where(hit, rank + first[None, :] * BM, 0), axis=1)
-        tl.store(sorted_ptr + row, i, mask=ok)
+        tl.store(sorted_ptr + row, i, mask=ok & (v >= 0))
 
 
 def align(ids: torch.Tensor, num_experts: int, block_m: int, chunked: bool | None = None

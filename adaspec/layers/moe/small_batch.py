@@ -3,6 +3,7 @@
     gate_up   grid (pair, I tile): the pair's expert read straight from the top-k ids; one row,
               so a GEMV (an fp32 [BN, BK] accumulator reduced over K once, after the loop)
               instead of a 16-row tensor-core tile of which 15 rows would be padding.
+              An id of -1 (the expert is on another rank) skips the pair in both kernels.
     down+sum  grid (token, H tile): the token's k slots at once, a [KP, BN, BK] tile of k
               experts' w2 rows (KP: k padded to a power of two); the top-k sum happens in the
               program, so the separate reduce kernel of the aligned path is gone.
@@ -35,6 +36,8 @@ if triton is not None:
         gdc_enter(USE_GDC)   # programmatic dependent launch (layers/pdl.py)
         pair = tl.program_id(0).to(tl.int64)
         e = tl.load(ids_ptr + pair).to(tl.int64)
+        if e < 0:   # the expert is on another rank: the down kernel skips this slot
+            return
         tok = pair // TOPK
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         n_ok = n < I
@@ -63,9 +66,9 @@ if triton is not None:
         gdc_enter(USE_GDC)   # programmatic dependent launch (layers/pdl.py)
         tok = tl.program_id(0).to(tl.int64)
         j = tl.arange(0, KP)                  # the token's slots (KP: TOPK padded to a power of 2)
-        j_ok = j < TOPK
         pair = tok * TOPK + j
-        e = tl.load(ids_ptr + pair, mask=j_ok, other=0).to(tl.int64)
+        e = tl.load(ids_ptr + pair, mask=j < TOPK, other=-1).to(tl.int64)
+        j_ok = e >= 0                         # a real slot whose expert is here
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         n_ok = n < H
         w_rows = w_ptr + e[:, None, None] * stride_we + n[None, :, None].to(tl.int64) * stride_wn   # [KP, BN, 1]
@@ -85,7 +88,7 @@ if triton is not None:
         weight = weight.to(tl.float32)
         # Per slot as the aligned path's down kernel: the expert output rounds, then * weight rounds;
         # then the reduce kernel's step: the k rounded terms summed in fp32, rounded once. Padded
-        # slots add an exact 0 (weight 0, and their rows were not loaded).
+        # slots and slots of other ranks' experts add an exact 0 (weight 0, rows not loaded).
         y = (tl.sum(acc, axis=2).to(ty).to(tl.float32) * weight[:, None]).to(ty).to(tl.float32)
         tl.store(out_ptr + tok * stride_o + n, tl.sum(y, axis=0).to(ty), mask=n_ok)
 

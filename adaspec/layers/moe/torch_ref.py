@@ -19,7 +19,8 @@ def fused_experts_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weig
 
     x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; weights [T, k] (any float
     dtype; the product is taken in the promoted dtype, then rounded to x.dtype); ids [T, k]
-    with values in [0, E). Returns a new [T, H] tensor of x.dtype."""
+    with values in [0, E), or -1 for a slot whose expert is not here (expert parallelism): such a
+    slot adds nothing. Returns a new [T, H] tensor of x.dtype."""
     T, k = ids.shape
     E = w13.shape[0]
     out = torch.zeros_like(x)
@@ -27,7 +28,9 @@ def fused_experts_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weig
         return out
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)          # flat slots t * k + j, grouped by expert
-    counts = torch.bincount(flat, minlength=E).tolist()
+    skipped = int((flat < 0).sum())                   # -1 sorts first: those slots are passed over
+    order = order[skipped:]
+    counts = torch.bincount(flat[flat >= 0], minlength=E).tolist()
     w_flat = weights.reshape(-1)
     start = 0
     for e, n in enumerate(counts):

@@ -282,11 +282,13 @@ def plan(T: int, k: int, E: int, H: int, I: int, elem_bytes: int, path: str | No
 
 def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
                          ids: torch.Tensor, config: dict | None = None, round_weights: bool = False,
-                         path: str | None = None) -> torch.Tensor:
+                         path: str | None = None, skips: bool = False) -> torch.Tensor:
     """Same contract as torch_ref.fused_experts_ref (with `round_weights` as in
     layers.moe.fused_experts), rounding as the module docstring states. `path` = "small" or
     "aligned" forces a path (tests, benchmarks), else `use_small_path` picks by size; `config`
-    overrides that path's `launch_config`. Sizes depend on shapes only: CUDA graphs capture it."""
+    overrides that path's `launch_config`. `skips`: ids may hold -1 (slots whose expert is on
+    another rank), so the aligned path's per-slot rows start at zero: no kernel writes theirs.
+    Sizes depend on shapes only: CUDA graphs capture it."""
     T, H = x.shape
     k = ids.shape[1]
     E, I2, _ = w13.shape
@@ -304,7 +306,7 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w
         return experts_small(x, w13, w2, weights, ids.reshape(-1).contiguous(), inter, cfg, round_weights)
     aligned = align(ids, E, cfg["BLOCK_M"])
     gate_up_aligned(x, w13, inter, aligned, k, cfg)
-    out_k = down_aligned(inter, w2, weights, aligned, cfg, round_weights)
+    out_k = down_aligned(inter, w2, weights, aligned, cfg, round_weights, skips)
     return out_k.view(T, k, H).sum(dim=1) if k > 1 else out_k.view(T, H)
 
 
@@ -330,13 +332,14 @@ def gate_up_aligned(x: torch.Tensor, w13: torch.Tensor, inter: torch.Tensor, ali
 
 
 def down_aligned(inter: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, aligned: tuple, cfg: dict,
-                 round_weights: bool) -> torch.Tensor:
-    """out_k [T*k, H]: each aligned pair's inter row times w2[e], times its routing weight."""
+                 round_weights: bool, skips: bool = False) -> torch.Tensor:
+    """out_k [T*k, H]: each aligned pair's inter row times w2[e], times its routing weight;
+    with `skips`, zeros in the rows of pairs the alignment left out (id -1)."""
     sorted_pairs, block_expert, block_rows = aligned
     N, I = inter.shape
     H = w2.shape[1]
     d = down_launch(cfg)
-    out_k = torch.empty(N, H, dtype=inter.dtype, device=inter.device)
+    out_k = (torch.zeros if skips else torch.empty)(N, H, dtype=inter.dtype, device=inter.device)
     _down_kernel[(block_expert.numel(), triton.cdiv(H, d["BLOCK_N"]))](
         inter, w2, out_k, weights, sorted_pairs, block_expert, block_rows, H, I,
         inter.stride(0), w2.stride(0), w2.stride(1), out_k.stride(0), IEEE=inter.dtype == torch.float32,
