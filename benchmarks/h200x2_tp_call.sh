@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 22 on two H200s (nvidia-h200-x2), one device call per part:
 #   bash benchmarks/h200x2_tp_call.sh steps   # decode steps TP=1 vs TP=2 vs physics_probe, chain 3 at
-#                                             # TP=2, NCCL profile, the MoE shape, GPU tests (TP=2 == TP=1)
+#                                             # TP=2, NCCL profile, the MoE shape (experts cut and expert
+#                                             # parallel), GPU tests (TP=2 == TP=1)
 #   bash benchmarks/h200x2_tp_call.sh load-a  # the load experiment at TP=2 (C = 1..256): off, chain3, thr32, idle
 #   bash benchmarks/h200x2_tp_call.sh load-b  # ... tree16, auto
 # then, here: python3 benchmarks/load_experiment.py --tensor-parallel-size 2 --merge load_experiment_tp2-a.tar.gz load_experiment_tp2-b.tar.gz
@@ -19,7 +20,7 @@ if [ "$PART" = steps ]; then
     python3 benchmarks/tp_steps.py --physics $R/physics.json --out $R/tp_steps.json --profile > $R/tp_steps.log 2>&1
     python3 .carry/tools/moe_physics_probe.py --json $R/moe_physics.json > $R/moe_physics.log 2>&1
     python3 benchmarks/tp_steps.py --shape qwen3-30b-a3b --physics $R/moe_physics.json --physics-key roofline_ms \
-        --batches 1,256 --configs tp1,tp2 --out $R/tp_steps_moe.json > $R/tp_steps_moe.log 2>&1
+        --batches 1,16,256 --configs tp1,tp2,tp2ep --out $R/tp_steps_moe.json > $R/tp_steps_moe.log 2>&1
     timeout 400 python3 -m pytest -q -n 0 -p no:cacheprovider tests/gpu > $R/gpu_tests.log 2>&1
 else
     case "$PART" in load-a) ONLY=off,chain3,thr32,idle ;; *) ONLY=tree16,auto ;; esac

@@ -13,6 +13,7 @@ Configurations (Llama-3.1-8B shape by default, `--shape` for another; bf16, rand
   tp1        off, one process (the default engine)
   tp1world   off, TP=1 through `ModelRunner(cfg, tp=<NCCL world of one rank>)`
   tpN        off, tensor_parallel_size=N (N = --tp, default 2)
+  tpNep      off, TP=N with --enable-expert-parallel (MoE shapes: whole experts per rank)
   tpNchain3  always, chain of 3, at TP=N: `LLM.generate` tok/s at b = 1 against tpN off
 Targets (issue 22): tp1/tpN step time >= 1.7 at b = 1 and >= 1.8 at b = 256; chain 3 at TP=2
 >= 2.2x TP=2 off at b = 1; tp1world within 2% of tp1. Writes JSON and a PNG next to it.
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
             llm, startup = one_rank_world_llm(target, max(batches))
         else:
             llm, startup = make_llm(target, draft, "chain3" if chain else "off", max_num_seqs=max(batches),
-                                    tensor_parallel_size=size)
+                                    tensor_parallel_size=size, enable_expert_parallel=config.endswith("ep"))
         res["startup_s"][config] = startup
         print(f"[{config}] start-up {startup:.1f} s", flush=True)
         if chain:
@@ -119,6 +120,9 @@ def main(argv=None) -> int:
         one, many, world = s.get(f"tp1:b{b}"), s.get(f"tp{n}:b{b}"), s.get(f"tp1world:b{b}")
         if one and many:
             t[f"speedup_tp{n}_b{b}"] = one["step_ms"] / many["step_ms"]   # targets: >= 1.7 (b=1), 1.8 (b=256)
+        ep = s.get(f"tp{n}ep:b{b}")
+        if ep and many:
+            t[f"ep_over_tp{n}_b{b}"] = ep["step_ms"] / many["step_ms"]   # expert parallel vs experts cut
         if one and world:
             t[f"tp1world_over_tp1_b{b}"] = world["step_ms"] / one["step_ms"]   # target: <= 1.02
         if many and "nccl_ms_per_step" in many:
