@@ -49,16 +49,27 @@ def rope_parameters(cfg: dict) -> dict:
     return params
 
 
+# Which layers slide when a config names no `layer_types` (older configs): transformers' own
+# rule per architecture; any other architecture slides in every layer.
+_WINDOW_LAYERS = {
+    "Qwen2ForCausalLM": lambda i, cfg: i >= cfg.get("max_window_layers", 28),
+    "Qwen3ForCausalLM": lambda i, cfg: i >= cfg.get("max_window_layers", 28),
+    "Qwen2MoeForCausalLM": lambda i, cfg: i % 2 == 0 and i < cfg.get("max_window_layers", 28),
+}
+
+
 def sliding_windows(cfg: dict, arch: str, num_layers: int) -> tuple:
+    """Per layer: its attention window in tokens, or None (full attention)."""
     window = cfg.get("sliding_window")
+    if arch.startswith("Qwen") and not cfg.get("use_sliding_window", False):
+        window = None   # Qwen configs carry a window that only use_sliding_window turns on
     if not window:
         return (None,) * num_layers
     layer_types = cfg.get("layer_types")
     if layer_types:
         return tuple(window if t == "sliding_attention" else None for t in layer_types)
-    if arch.startswith("Qwen") and not cfg.get("use_sliding_window", False):
-        return (None,) * num_layers
-    return (window,) * num_layers
+    slides = _WINDOW_LAYERS.get(arch, lambda i, cfg: True)
+    return tuple(window if slides(i, cfg) else None for i in range(num_layers))
 
 
 def eos_ids(model_dir: Path, cfg: dict) -> tuple:

@@ -10,8 +10,9 @@ import json
 import pytest
 
 from adaspec import LLM, SamplingParams
+from adaspec.models.registry import parse_model_spec
 from adaspec.testing import make_eagle3_head, make_tiny_model
-from helpers import MAX_NEW, assert_matches_reference, hf_greedy, prompts_of_lengths
+from helpers import GREEDY, MAX_NEW, assert_matches_reference, check_against_hf, hf_greedy, prompts_of_lengths
 
 GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
 
@@ -90,3 +91,19 @@ def test_longrope_past_the_original_context_equals_transformers_cached_forward(t
     assert got == want
     short = LLM(str(d), device="cpu", dtype="float32", max_model_len=64)   # (the same cache, cut shorter)
     assert short.generate([prompt], GREEDY)[0].token_ids == want
+
+
+@pytest.mark.parametrize("arch,max_window_layers", [("qwen2", 1), ("qwen2", 3), ("qwen3", 2)])
+def test_qwen_window_layers_without_layer_types(tmp_path, arch, max_window_layers):
+    """An older Qwen config (use_sliding_window on, no `layer_types`): the window applies from
+    layer max_window_layers on, as transformers derives it; the output equals transformers'."""
+    d = make_tiny_model(tmp_path / "m", arch)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(use_sliding_window=True, sliding_window=6, max_window_layers=max_window_layers)
+    cfg.pop("layer_types", None)
+    (d / "config.json").write_text(json.dumps(cfg))
+    spec, _ = parse_model_spec(d)
+    assert spec.sliding_windows == tuple(6 if i >= max_window_layers else None for i in range(spec.num_layers))
+    prompts = prompts_of_lengths([20, 11], seed=5)
+    outs = LLM(str(d), device="cpu", dtype="float32", block_size=4, max_num_batched_tokens=8).generate(prompts, GREEDY)
+    check_against_hf(str(d), prompts, outs, f"{arch} window from layer {max_window_layers}")

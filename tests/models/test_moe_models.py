@@ -45,6 +45,21 @@ def test_greedy_matches_transformers(moe_dirs, name):
     check_against_hf(d, prompts, llm.generate(prompts, GREEDY), name)
 
 
+@pytest.mark.parametrize("name,windowed", [("qwen2_moe", (6, None, 6)), ("qwen3_moe_raw", (6, 6, 6))])
+def test_window_layers_of_an_older_config(tmp_path, name, windowed):
+    """use_sliding_window on and no `layer_types` (an older config): transformers' rule per
+    architecture (Qwen2-MoE: even layers below max_window_layers; Qwen3-MoE: every layer)."""
+    d = make_moe_model(tmp_path / name, name)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(use_sliding_window=True, sliding_window=6, max_window_layers=3)
+    cfg.pop("layer_types", None)
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert parse_model_spec(d)[0].sliding_windows == windowed
+    prompts = prompts_of_lengths([21, 12])
+    llm = LLM(str(d), device="cpu", dtype="float32", block_size=4, max_num_batched_tokens=8)
+    check_against_hf(str(d), prompts, llm.generate(prompts, GREEDY), f"{name} windows")
+
+
 def test_specs_read_from_config(moe_dirs):
     """What each config turns into: sparse layers, router kind, shared experts, rotary width."""
     s, _ = parse_model_spec(moe_dirs["qwen3_moe"])
