@@ -22,6 +22,10 @@ if [ "$PART" = steps ]; then
     python3 benchmarks/tp_steps.py --shape qwen3-30b-a3b --physics $R/moe_physics.json --physics-key roofline_ms \
         --batches 1,16,256 --configs tp1,tp2,tp2ep --out $R/tp_steps_moe.json > $R/tp_steps_moe.log 2>&1
     timeout 400 python3 -m pytest -q -n 0 -p no:cacheprovider tests/gpu > $R/gpu_tests.log 2>&1
+    # A rank's expert shape at TP=2 has no measured launch table: sweep it (merge by hand into
+    # adaspec/layers/moe/moe_configs.json, then time tp2 again).
+    (cd benchmarks/kernels && timeout 200 python3 moe_sweep.py --shape qwen3-30b-a3b-tp2 --budget-s 150 \
+        --json $R/moe_sweep_tp2.json --configs-out $R/moe_configs_tp2.json) > $R/moe_sweep_tp2.log 2>&1
 else
     case "$PART" in load-a) ONLY=off,chain3,thr32,idle ;; *) ONLY=tree16,auto ;; esac
     timeout 560 python3 benchmarks/load_experiment.py --tensor-parallel-size 2 --out-dir $R/load_experiment_tp2 \

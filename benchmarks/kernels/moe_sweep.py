@@ -38,7 +38,8 @@ from adaspec.layers.moe.triton_kernels import (SMALL_MAX_PAIRS, down_aligned, fi
 from bench_attention import graph_us   # (benchmarks/kernels/: one CUDA-graph timer for every sweep)
 
 SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "mixtral-8x7b": (8, 4096, 14336, 2),
-          "glm-4.5-air": (128, 4096, 1408, 8)}
+          "glm-4.5-air": (128, 4096, 1408, 8),
+          "qwen3-30b-a3b-tp2": (128, 2048, 384, 8)}   # one rank's experts at --tensor-parallel-size 2
 
 
 def block_ms(pairs: int, E: int) -> list[int]:
