@@ -165,12 +165,13 @@ class Experts(nn.Module):
         super().__init__()
         I = moe.intermediate_size
         self.first, count = moe.local_experts or (None, moe.router.num_experts)
+        self.routed = moe.router.num_experts if moe.local_experts else None   # set with first
         self.w13 = nn.Parameter(torch.empty(count, 2 * I, hidden))
         self.w2 = nn.Parameter(torch.empty(count, hidden, I))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                 round_weights: bool = False) -> torch.Tensor:
-        return fused_experts(x, self.w13, self.w2, weights, ids, round_weights, self.first)
+        return fused_experts(x, self.w13, self.w2, weights, ids, round_weights, self.first, self.routed)
 
 
 class SparseMoeBlock(nn.Module):
@@ -234,7 +235,7 @@ class MoeForCausalLM(LlamaForCausalLM):
         x = torch.zeros(1, self.spec.hidden_size, dtype=w13.dtype, device=w13.device)
         block.gate(x)  # the fused router
         return 1 + warm_up(w13, block.experts.w2, self.spec.moe.router.top_k, w13.dtype, block.round_weights,
-                           max_tokens)
+                           max_tokens, block.experts.routed)
 
     def checkpoint_name(self, param_name: str) -> str:
         name = super().checkpoint_name(param_name)

@@ -73,8 +73,8 @@ def test_expert_parallel_halves_sum_to_the_whole_on_cuda(case):
     T, E, H, I, cfg = CASES[case]
     x, w13, w2, weights, ids = _inputs(T, E, H, I, cfg, torch.float32)
     n = E // 2
-    parts = [fused_experts(x, w13[r * n:(r + 1) * n], w2[r * n:(r + 1) * n], weights, ids, first_expert=r * n)
-             for r in range(2)]
+    parts = [fused_experts(x, w13[r * n:(r + 1) * n], w2[r * n:(r + 1) * n], weights, ids, first_expert=r * n,
+                           routed_experts=E) for r in range(2)]
     torch.testing.assert_close(parts[0] + parts[1], fused_experts_ref(x, w13, w2, weights, ids), rtol=1e-4, atol=1e-4)
 
 

@@ -182,9 +182,26 @@ def test_expert_parallel_parts_sum_to_the_whole(case, ranks, monkeypatch):
             monkeypatch.setattr(moe_layer, "use_triton", lambda t: True)
             monkeypatch.setattr(tk, "fused_experts_triton", functools.partial(real, path=path))
         parts = [fused_experts(x, w13[run.start:run.stop], w2[run.start:run.stop], weights, ids,
-                               first_expert=run.start) for run in runs]
+                               first_expert=run.start, routed_experts=E) for run in runs]
         assert all(not torch.equal(p, whole) for p in parts), path   # each rank holds only a share
         torch.testing.assert_close(sum(parts), whole, rtol=1e-5, atol=1e-5, msg=lambda m: f"{path}: {m}")
+
+
+@needs_triton
+def test_expert_parallel_plans_for_the_whole_layer(monkeypatch):
+    """A rank's share of the experts has the whole layer's rows per expert, so the dispatch
+    plans path and launch (the measured table) for the router's expert count, not the share's."""
+    from adaspec.layers.moe import fused_experts, triton_kernels as tk
+
+    seen, real = [], tk.plan
+    monkeypatch.setattr(tk, "plan", lambda T, k, E, *a, **kw: seen.append(E) or real(T, k, E, *a, **kw))
+    monkeypatch.setattr(moe_layer, "use_triton", lambda t: True)
+    w13, w2 = _experts(16, 32, 24)
+    weights, ids = route(torch.randn(3, 16), RouterConfig("softmax", 16, 2))
+    fused_experts(torch.randn(3, 32), w13[8:], w2[8:], weights, ids, first_expert=8, routed_experts=16)
+    assert seen == [16]
+    with pytest.raises(ValueError, match="go together"):
+        fused_experts(torch.randn(3, 32), w13[8:], w2[8:], weights, ids, first_expert=8)
 
 
 # T, k, E, H, I, ids ("route": softmax top-k; "uneven": _uneven_ids, repeats and empty experts),
@@ -368,24 +385,26 @@ def test_fused_softmax_router_matches_torch(E, k, renorm):
 
 @needs_triton
 @pytest.mark.parametrize("top_k", [1, 2, 8])
-def test_warm_up_runs_every_launch_once(monkeypatch, top_k):
+@pytest.mark.parametrize("routed", [None, 32])
+def test_warm_up_runs_every_launch_once(monkeypatch, top_k, routed):
     """warm_up makes one call per distinct (path, alignment, launch config) that the dispatch
     picks for 1..WARM_UP_MAX_PAIRS pairs, both paths and both alignments included (each its own
-    kernels to compile), with the model's round_weights."""
+    kernels to compile), with the model's round_weights; under expert parallelism (16 of 32
+    routed experts here) the plans of the whole layer, which the forward uses too."""
     from adaspec.layers.moe import triton_kernels as tk
 
     seen = []
 
-    def key(T):
-        p, c = tk.plan(T, top_k, 16, 16, 8, 4)
+    def key(T, experts=routed or 16):
+        p, c = tk.plan(T, top_k, experts, 16, 8, 4)
         return p, T * top_k > tk.ONE_PROGRAM_MAX_PAIRS, tuple(sorted(c.items()))
 
-    def record(x, w13, w2, weights, ids, config=None, round_weights=False, path=None):
-        seen.append((key(x.shape[0]), round_weights))
+    def record(x, w13, w2, weights, ids, config=None, round_weights=False, path=None, routed_experts=None):
+        seen.append((key(x.shape[0], routed_experts or w13.shape[0]), round_weights))
 
     monkeypatch.setattr(tk, "fused_experts_triton", record)
     w13, w2 = _experts(16, 16, 8)
-    assert tk.warm_up(w13, w2, top_k, torch.float32, round_weights=True) == len(seen)
+    assert tk.warm_up(w13, w2, top_k, torch.float32, round_weights=True, routed_experts=routed) == len(seen)
     assert all(rw for _, rw in seen)
     keys = [k for k, _ in seen]
     assert len(set(keys)) == len(keys)

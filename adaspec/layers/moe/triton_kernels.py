@@ -282,13 +282,17 @@ def plan(T: int, k: int, E: int, H: int, I: int, elem_bytes: int, path: str | No
 
 def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
                          ids: torch.Tensor, config: dict | None = None, round_weights: bool = False,
-                         path: str | None = None, skips: bool = False) -> torch.Tensor:
+                         path: str | None = None, routed_experts: int | None = None) -> torch.Tensor:
     """Same contract as torch_ref.fused_experts_ref (with `round_weights` as in
     layers.moe.fused_experts), rounding as the module docstring states. `path` = "small" or
     "aligned" forces a path (tests, benchmarks), else `use_small_path` picks by size; `config`
-    overrides that path's `launch_config`. `skips`: ids may hold -1 (slots whose expert is on
-    another rank), so the aligned path's per-slot rows start at zero: no kernel writes theirs.
-    Sizes depend on shapes only: CUDA graphs capture it."""
+    overrides that path's `launch_config`. Sizes depend on shapes only: CUDA graphs capture it.
+
+    `routed_experts` (expert parallelism): the experts the router chose among, more than w13
+    holds. ids may then hold -1 (slots whose expert is on another rank), so the aligned path's
+    per-slot rows start at zero (no kernel writes theirs); and the path and launch are planned
+    for the whole layer's shape, whose rows per expert this rank's share has, so its measured
+    table applies."""
     T, H = x.shape
     k = ids.shape[1]
     E, I2, _ = w13.shape
@@ -298,7 +302,7 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w
     if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
         raise ValueError("fused_experts: x, w13 and w2 need contiguous last dims")
     N = T * k
-    path, cfg = plan(T, k, E, H, I, x.element_size(), path)
+    path, cfg = plan(T, k, routed_experts or E, H, I, x.element_size(), path)
     cfg = config or cfg
     weights = weights.reshape(-1).contiguous()
     inter = torch.empty(N, I, dtype=x.dtype, device=x.device)
@@ -306,7 +310,7 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w
         return experts_small(x, w13, w2, weights, ids.reshape(-1).contiguous(), inter, cfg, round_weights)
     aligned = align(ids, E, cfg["BLOCK_M"])
     gate_up_aligned(x, w13, inter, aligned, k, cfg)
-    out_k = down_aligned(inter, w2, weights, aligned, cfg, round_weights, skips)
+    out_k = down_aligned(inter, w2, weights, aligned, cfg, round_weights, skips=routed_experts is not None)
     return out_k.view(T, k, H).sum(dim=1) if k > 1 else out_k.view(T, H)
 
 
@@ -353,20 +357,20 @@ WARM_UP_MAX_PAIRS = 8192
 
 
 def warm_up(w13: torch.Tensor, w2: torch.Tensor, top_k: int, dtype: torch.dtype, round_weights: bool = False,
-            max_tokens: int | None = None) -> int:
+            max_tokens: int | None = None, routed_experts: int | None = None) -> int:
     """Compile every launch the dispatch picks for these expert weights for 1..max_tokens tokens
     (the largest step the engine runs: its max_num_batched_tokens; None: WARM_UP_MAX_PAIRS
     pairs), both paths and alignments, every bucket of their tables, so no JIT compile
     happens while serving (a prefill chunk past the warmed buckets compiled for seconds in the
     middle of a served run): one call per distinct (path, alignment, launch config), since no
-    kernel argument specialises on T. `round_weights` as the model calls it (a compile-time
-    switch). Returns the number of calls."""
+    kernel argument specialises on T. `round_weights` and `routed_experts` (expert parallelism:
+    the plans of the whole layer's shape) as the model calls it. Returns the number of calls."""
     E, I2, H = w13.shape
     dev = w13.device
     elem_bytes = torch.empty(0, dtype=dtype).element_size()
     done = set()
     for T in range(1, (max_tokens or max(1, WARM_UP_MAX_PAIRS // top_k)) + 1):
-        path, cfg = plan(T, top_k, E, H, I2 // 2, elem_bytes)
+        path, cfg = plan(T, top_k, routed_experts or E, H, I2 // 2, elem_bytes)
         key = (path, T * top_k > ONE_PROGRAM_MAX_PAIRS, tuple(sorted(cfg.items())))   # both alignments too
         if key in done:
             continue
@@ -374,5 +378,5 @@ def warm_up(w13: torch.Tensor, w2: torch.Tensor, top_k: int, dtype: torch.dtype,
         x = torch.zeros(T, H, dtype=dtype, device=dev)
         ids = (torch.arange(T * top_k, device=dev) % E).view(T, top_k)
         fused_experts_triton(x, w13, w2, torch.ones(T, top_k, dtype=torch.float32, device=dev), ids,
-                             round_weights=round_weights)
+                             round_weights=round_weights, routed_experts=routed_experts)
     return len(done)
