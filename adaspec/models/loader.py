@@ -72,16 +72,20 @@ def checkpoint_files(model_dir: Path, load_format: str = "auto") -> list[Path]:
 
 
 def iter_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | None] | None = None,
-                 load_format: str = "auto") -> Iterator[tuple[str, torch.Tensor]]:
+                 load_format: str = "auto", skip: Callable[[str], bool] | None = None
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of the checkpoint, one file at a time, on the CPU.
     `part(name)` = (dim, start, stop): only that slice of the tensor is read (tensor
-    parallelism: a rank reads its shard; safetensors reads just those bytes)."""
+    parallelism: a rank reads its shard; safetensors reads just those bytes). `skip(name)`:
+    the tensor is not read at all (expert parallelism: another rank holds it)."""
     from safetensors import safe_open
 
     for f in checkpoint_files(model_dir, load_format):
         if f.suffix == ".safetensors":
             with safe_open(str(f), framework="pt") as sf:
                 for name in sf.keys():
+                    if skip is not None and skip(name):
+                        continue
                     p = part(name) if part is not None else None
                     if p is None:
                         yield name, sf.get_tensor(name)
@@ -101,21 +105,23 @@ def iter_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | N
         for name, t in state.items():
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"{f}: entry {name!r} is a {type(t).__name__}, not a tensor")
-            yield name, _cut(part, name, t).contiguous() if part is not None else t
+            if skip is None or not skip(name):
+                yield name, _cut(part, name, t).contiguous() if part is not None else t
         del state
 
 
 def checkpoint_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | None] | None = None,
                        quant: Fp8Checkpoint | None = None, device: torch.device | None = None,
-                       load_format: str = "auto", fused=None) -> Iterator[tuple[str, torch.Tensor]]:
+                       load_format: str = "auto", fused=None, skip: Callable[[str], bool] | None = None
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
     """`iter_tensors`, with an FP8 checkpoint's weights dequantized (on `device`) and, with
     `fused` (the whole model's ModelSpec), fused projections split (`split_fused`). A rank's
     slice (`part`) of such a tensor is cut after both: one block scale, or one fused tensor,
     covers rows of several ranks' parameters."""
     if quant is None and fused is None:
-        yield from iter_tensors(model_dir, part, load_format)
+        yield from iter_tensors(model_dir, part, load_format, skip)
         return
-    stream = iter_tensors(model_dir, load_format=load_format)
+    stream = iter_tensors(model_dir, load_format=load_format, skip=skip)
     if quant is not None:
         stream = dequantize_stream(stream, quant, device)
     if fused is not None:
@@ -159,7 +165,7 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
                checkpoint_parts: Callable[[str], list[tuple[str, tuple]] | None] | None = None,
                part: Callable[[str], tuple[int, int, int] | None] | None = None,
                check_unread: bool = True, quant: Fp8Checkpoint | None = None, load_format: str = "auto",
-               fused=None) -> set[str]:
+               fused=None, skip: Callable[[str], bool] | None = None) -> set[str]:
     """Copy checkpoint tensors (read from `model_dir`, or given as `tensors`) into `module`'s
     parameters; returns the names of the parameters left unfilled (only those `optional`
     allows). Raises ValueError on missing or misshapen.
@@ -173,7 +179,8 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
     off for callers that account for them themselves (EAGLE-3 heads). `quant`: the FP8 format
     of the checkpoint in `model_dir` (`checkpoint_tensors`); `load_format` which of its files
     are read (`checkpoint_files`); `fused`: the whole model's ModelSpec when the checkpoint
-    fuses projections (`split_fused`)."""
+    fuses projections (`split_fused`); `skip(name)`: a tensor this rank does not read at all
+    (`iter_tensors`)."""
     params = dict(module.named_parameters(remove_duplicate=True))
     wanted: dict[str, tuple[str, tuple | None]] = {}
     needs: dict[str, list[str]] = {}
@@ -185,7 +192,8 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
     got: set[str] = set()
     unread: list[str] = []
     device = next(iter(params.values())).device if params else None
-    source = tensors.items() if tensors is not None else checkpoint_tensors(model_dir, part, quant, device, load_format, fused)
+    source = tensors.items() if tensors is not None else checkpoint_tensors(model_dir, part, quant, device,
+                                                                              load_format, fused, skip)
     for name, tensor in source:
         hit = wanted.get(name)
         if hit is None:
@@ -280,7 +288,8 @@ def load_model(model_dir: str | Path, device: torch.device, dtype: str = "auto",
         load_state(model, model_dir, model.checkpoint_name, quant=quant, load_format=load_format,
                    fused=spec if spec.fused_checkpoint else None,
                    checkpoint_parts=getattr(model, "checkpoint_parts", None),
-                   part=(lambda name: shard.slice_of(name, spec)) if shard is not None else None)
+                   part=(lambda name: shard.slice_of(name, spec)) if shard is not None else None,
+                   skip=(lambda name: not shard.holds(name, spec)) if shard is not None else None)
     else:
         raise ValueError(f"unknown load_format {load_format!r}; use one of {sorted(WEIGHT_FILES) + ['dummy']}")
     return model.eval(), spec, tdtype

@@ -96,6 +96,12 @@ class Shard:
                        vocab_size=-(-spec.vocab_size // n), moe=moe)
 
     # ---- what each rank reads -----------------------------------------------------------
+    def holds(self, name: str, spec) -> bool:
+        """Whether this rank reads checkpoint tensor `name` at all: under expert parallelism a
+        routed expert's tensors (weights and FP8 scales) only on the rank holding that expert."""
+        m = _EXPERT_INDEX.search(name) if self.expert_parallel and spec.moe is not None else None
+        return m is None or int(m.group(1)) in self.experts(spec.moe.router.num_experts)
+
     def slice_of(self, name: str, spec) -> tuple[int, int, int] | None:
         """(dim, start, stop) of checkpoint tensor `name` this rank reads; None: all of it
         (under expert parallelism, a routed expert's tensors: the rank reads only its experts')."""
@@ -121,6 +127,8 @@ class Shard:
                  "shared": spec.moe.shared_intermediate_size if spec.moe else 0}[unit] // n
         return r * width, (r + 1) * width
 
+
+_EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
 
 # checkpoint-name pattern -> (dim cut, unit); the first match wins (experts before dense MLPs).
 _RULES = [(re.compile(p), dim, unit) for p, dim, unit in (

@@ -52,9 +52,34 @@ def test_cut_of_heads_vocab_and_experts(model_dirs, tmp_path):
     assert Shard(1, 2, expert_parallel=True).slice_of("model.layers.0.mlp.experts.5.up_proj.weight", moe) is None
     assert Shard(1, 2, expert_parallel=True).slice_of("model.layers.0.mlp.shared_expert.up_proj.weight",
                                                       moe) == (0, 24, 48)
+    names = ["model.layers.0.mlp.experts.3.up_proj.weight", "model.layers.0.mlp.experts.4.down_proj.weight_scale",
+             "model.layers.0.mlp.shared_expert.up_proj.weight", "model.layers.0.mlp.gate.weight"]
+    assert [Shard(1, 2, expert_parallel=True).holds(n, moe) for n in names] == [False, True, True, True]
+    assert all(Shard(1, 2).holds(n, moe) for n in names)   # cut experts: every rank reads a slice of each
     with pytest.raises(ValueError, match="at least 16 experts"):
         Shard(0, 16, expert_parallel=True).check(replace(moe, num_heads=16, num_kv_heads=16,
                                                          intermediate_size=96 * 16))
+
+
+def test_expert_parallel_rank_reads_only_its_experts(tmp_path, monkeypatch):
+    """Under expert parallelism another rank's experts are never read: no tensor of them comes
+    off the disk, so none is reported unread either."""
+    from adaspec.models import loader
+
+    d = make_moe_model(tmp_path / "m", "qwen3_moe")   # 8 experts: rank 1 holds 4..7
+    read, warned = [], []
+    real = loader.iter_tensors
+
+    def spy(*a, **kw):
+        for name, t in real(*a, **kw):
+            read.append(name)
+            yield name, t
+    monkeypatch.setattr(loader, "iter_tensors", spy)
+    monkeypatch.setattr(loader.logger, "warning", lambda *a: warned.append(a))
+    model, _, _ = loader.load_model(d, torch.device("cpu"), "float32", shard=Shard(1, 2, expert_parallel=True))
+    experts = {int(n.split(".experts.")[1].split(".")[0]) for n in read if ".experts." in n}
+    assert experts == {4, 5, 6, 7} and not warned
+    assert model.layers[0].mlp.experts.w13.shape[0] == 4
 
 
 def _prefill_logits(model, ids: list[int]) -> torch.Tensor:
