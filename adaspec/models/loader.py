@@ -112,22 +112,40 @@ def iter_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | N
 
 def checkpoint_tensors(model_dir: Path, part: Callable[[str], tuple[int, int, int] | None] | None = None,
                        quant: Fp8Checkpoint | None = None, device: torch.device | None = None,
-                       load_format: str = "auto", fused=None, skip: Callable[[str], bool] | None = None
-                       ) -> Iterator[tuple[str, torch.Tensor]]:
+                       load_format: str = "auto", fused=None, skip: Callable[[str], bool] | None = None,
+                       split: Callable | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """`iter_tensors`, with an FP8 checkpoint's weights dequantized (on `device`) and, with
     `fused` (the whole model's ModelSpec), fused projections split (`split_fused`). A rank's
     slice (`part`) of such a tensor is cut after both: one block scale, or one fused tensor,
-    covers rows of several ranks' parameters."""
+    covers rows of several ranks' parameters. `split(name, tensor)`: the model's own rewrite of
+    a tensor into the ones it stands for (`_split_stream`), or None to keep it."""
     if quant is None and fused is None:
-        yield from iter_tensors(model_dir, part, load_format, skip)
+        stream = iter_tensors(model_dir, part, load_format, skip)
+        yield from _split_stream(stream, split, part, skip) if split is not None else stream
         return
     stream = iter_tensors(model_dir, load_format=load_format, skip=skip)
     if quant is not None:
         stream = dequantize_stream(stream, quant, device)
     if fused is not None:
         stream = split_fused(stream, fused)
+    if split is not None:
+        stream = _split_stream(stream, split, None, skip)
     for name, t in stream:
         yield name, _cut(part, name, t)
+
+
+def _split_stream(stream, split: Callable, part, skip) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors `split` rewrites (MoE experts stacked in one tensor: each expert's own), each
+    piece then skipped or cut as this rank reads it (the whole was read: its name says neither);
+    the other tensors as they come."""
+    for name, t in stream:
+        pieces = split(name, t)
+        if pieces is None:
+            yield name, t
+            continue
+        for n, x in pieces:
+            if skip is None or not skip(n):
+                yield n, _cut(part, n, x)
 
 
 def _cut(part, name: str, t: torch.Tensor) -> torch.Tensor:
@@ -165,7 +183,7 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
                checkpoint_parts: Callable[[str], list[tuple[str, tuple]] | None] | None = None,
                part: Callable[[str], tuple[int, int, int] | None] | None = None,
                check_unread: bool = True, quant: Fp8Checkpoint | None = None, load_format: str = "auto",
-               fused=None, skip: Callable[[str], bool] | None = None) -> set[str]:
+               fused=None, skip: Callable[[str], bool] | None = None, split: Callable | None = None) -> set[str]:
     """Copy checkpoint tensors (read from `model_dir`, or given as `tensors`) into `module`'s
     parameters; returns the names of the parameters left unfilled (only those `optional`
     allows). Raises ValueError on missing or misshapen.
@@ -180,7 +198,7 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
     of the checkpoint in `model_dir` (`checkpoint_tensors`); `load_format` which of its files
     are read (`checkpoint_files`); `fused`: the whole model's ModelSpec when the checkpoint
     fuses projections (`split_fused`); `skip(name)`: a tensor this rank does not read at all
-    (`iter_tensors`)."""
+    (`iter_tensors`); `split`: the model's rewrite of tensors it reads in pieces (`_split_stream`)."""
     params = dict(module.named_parameters(remove_duplicate=True))
     wanted: dict[str, tuple[str, tuple | None]] = {}
     needs: dict[str, list[str]] = {}
@@ -193,7 +211,7 @@ def load_state(module: nn.Module, model_dir: Path, checkpoint_name: Callable[[st
     unread: list[str] = []
     device = next(iter(params.values())).device if params else None
     source = tensors.items() if tensors is not None else checkpoint_tensors(model_dir, part, quant, device,
-                                                                              load_format, fused, skip)
+                                                                              load_format, fused, skip, split)
     for name, tensor in source:
         hit = wanted.get(name)
         if hit is None:
@@ -289,7 +307,8 @@ def load_model(model_dir: str | Path, device: torch.device, dtype: str = "auto",
                    fused=spec if spec.fused_checkpoint else None,
                    checkpoint_parts=getattr(model, "checkpoint_parts", None),
                    part=(lambda name: shard.slice_of(name, spec)) if shard is not None else None,
-                   skip=(lambda name: not shard.holds(name, spec)) if shard is not None else None)
+                   skip=(lambda name: not shard.holds(name, spec)) if shard is not None else None,
+                   split=getattr(model, "split_checkpoint_tensor", None))
     else:
         raise ValueError(f"unknown load_format {load_format!r}; use one of {sorted(WEIGHT_FILES) + ['dummy']}")
     return model.eval(), spec, tdtype

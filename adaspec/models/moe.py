@@ -201,6 +201,8 @@ class SparseMoeBlock(nn.Module):
 
 
 _EXPERT_PARAM = re.compile(r"^layers\.(\d+)\.mlp\.experts\.(w13|w2)$")
+# transformers >= 5 names (its modules in memory): a layer's experts stacked under `mlp`.
+_STACKED = re.compile(r"^(model\.layers\.\d+)\.mlp\.(experts\.gate_up_proj|experts\.down_proj|gate\.weight)$")
 
 
 class MoeForCausalLM(LlamaForCausalLM):
@@ -243,6 +245,27 @@ class MoeForCausalLM(LlamaForCausalLM):
         name = name.replace(".mlp.shared_gate.", ".mlp.shared_expert_gate.")
         name = name.replace(".mlp.shared.", f".mlp.{lay.shared}.")
         return name.replace(".mlp.", f".{lay.block}.", 1) if lay.block != "mlp" else name
+
+    def split_checkpoint_tensor(self, name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
+        """A checkpoint written from transformers 5's state dict (not by save_pretrained, which
+        writes the published per-expert layout) keeps a layer's experts stacked, as its modules
+        hold them: `mlp.experts.gate_up_proj` [E, 2I, H] (gate rows, then up rows) and
+        `mlp.experts.down_proj` [E, H, I], and Mixtral's router under `mlp` too. Read as the
+        per-expert tensors they stand for (the loader's `split`); None: a tensor left as it is."""
+        m = _STACKED.match(name)
+        if m is None:
+            return None
+        lay = self.layout
+        pre, what = f"{m.group(1)}.{lay.block}", m.group(2)
+        if what == "gate.weight":
+            return [(f"{pre}.gate.weight", t)]
+        if t.dim() != 3 or (what.endswith("gate_up_proj") and t.shape[1] % 2):
+            raise ValueError(f"{name} has shape {tuple(t.shape)}: expected stacked experts [E, 2I, H] / [E, H, I]")
+        if what.endswith("down_proj"):
+            return [(f"{pre}.experts.{e}.{lay.down}.weight", t[e]) for e in range(t.shape[0])]
+        inter = t.shape[1] // 2
+        return [(f"{pre}.experts.{e}.{proj}.weight", t[e, o:o + inter])
+                for e in range(t.shape[0]) for proj, o in ((lay.gate, 0), (lay.up, inter))]
 
     def checkpoint_parts(self, param_name: str) -> list[tuple[str, tuple]] | None:
         """Stacked expert tensors come from E (w2) or 2E (w13: gate rows, then up rows)

@@ -125,6 +125,30 @@ def test_per_expert_tensors_are_stacked(moe_dirs, name):
     assert checked >= 2 * spec.moe.router.num_experts
 
 
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe"])
+def test_checkpoint_of_transformers5_stacked_experts(moe_dirs, tmp_path, name):
+    """A checkpoint written from transformers 5's own state dict (each layer's experts stacked
+    under `mlp`, Mixtral's router there too) loads to the very weights of the published
+    per-expert layout: whole, as a tensor-parallel shard and as an expert-parallel one."""
+    from transformers import AutoModelForCausalLM
+
+    from adaspec.parallel import Shard
+
+    d = moe_dirs[name]
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    out = tmp_path / name
+    out.mkdir()
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(open(d + "/config.json").read())
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert any(k.endswith(".mlp.experts.gate_up_proj") for k in f.keys())
+    for shard in (None, Shard(1, 2), Shard(1, 2, expert_parallel=True)):
+        want = load_model(d, torch.device("cpu"), "float32", shard=shard)[0].state_dict()
+        got = load_model(out, torch.device("cpu"), "float32", shard=shard)[0].state_dict()
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) for k in want), (name, shard)
+
+
 def test_sharded_checkpoint_splits_a_layers_experts(tmp_path):
     """Shards of ~24 kB put one layer's experts in several files; the result equals HF."""
     d = make_moe_model(tmp_path / "m", "glm4_moe", shard_bytes=24_000)
