@@ -77,6 +77,14 @@ def test_moe_experts_in_fp8_equal_transformers(tmp_path):
     out = LLM(str(d), device="cpu", dtype="float32").generate(prompts, GREEDY)[0]
     ref, logits = hf_greedy(str(d), prompts[0], MAX_NEW)
     assert assert_matches_reference(out.token_ids, ref, logits, "fp8 moe") >= MAX_NEW // 2
+    # Shards, experts cut or whole (expert parallelism: a rank skips the others' weights and
+    # scales alike), equal the same shards of the dequantized reference.
+    from adaspec.parallel.shard import Shard
+
+    for shard in (Shard(1, 2), Shard(1, 2, expert_parallel=True)):
+        got = load_model(d, torch.device("cpu"), "float32", shard=shard)[0].state_dict()
+        want = load_model(Path(f"{d}_ref"), torch.device("cpu"), "float32", shard=shard)[0].state_dict()
+        assert all(torch.equal(got[n], want[n]) for n in want), shard
 
 
 def test_tensor_parallel_shards_are_cut_from_the_dequantized_weights(llama, tmp_path):
