@@ -129,21 +129,26 @@ KERNEL_CASES = {  # name: (T, E, H, I, router config or "uneven")
 }
 
 
+def _case_inputs(case: str, seed: int):
+    """(x, w13, w2, weights, ids) of KERNEL_CASES[case]: routed by its router config (with a
+    random correction bias where the router takes one), or the uneven top-2 ids."""
+    T, E, H, I, cfg = KERNEL_CASES[case]
+    w13, w2 = _experts(E, H, I)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g)
+    if cfg == "uneven":
+        return x, w13, w2, torch.rand(T, 2, generator=g), _uneven_ids(T, 2, E)
+    weights, ids = route(torch.randn(T, E, generator=g), cfg, torch.randn(E, generator=g) * 0.3)
+    return x, w13, w2, weights, ids
+
+
 @needs_triton
 @pytest.mark.parametrize("path", ["small", "aligned"])
 @pytest.mark.parametrize("case", sorted(KERNEL_CASES))
 def test_fused_moe_kernel_matches_reference(case, path):
     from adaspec.layers.moe.triton_kernels import fused_experts_triton
 
-    T, E, H, I, cfg = KERNEL_CASES[case]
-    w13, w2 = _experts(E, H, I)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(T, H, generator=g)
-    if cfg == "uneven":
-        ids = _uneven_ids(T, 2, E)
-        weights = torch.rand(T, 2, generator=g)
-    else:
-        weights, ids = route(torch.randn(T, E, generator=g), cfg, torch.randn(E, generator=g) * 0.3)
+    x, w13, w2, weights, ids = _case_inputs(case, seed=1)
     ref = fused_experts_ref(x, w13, w2, weights, ids)
     got = fused_experts_triton(x, w13, w2, weights, ids, path=path)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
@@ -157,18 +162,10 @@ def test_expert_parallel_parts_sum_to_the_whole(case, ranks, monkeypatch):
     parts sum to the whole layer. The reference on CPU; under the interpreter (where it is
     installed) both kernel paths too, whose aligned path must zero the rows of skipped slots."""
     from adaspec.layers.moe import fused_experts, local_ids
-
     from adaspec.parallel import Shard
 
-    T, E, H, I, cfg = KERNEL_CASES[case]   # E = 10 or 16: over 3 ranks, runs of unequal length
-    w13, w2 = _experts(E, H, I)
-    g = torch.Generator().manual_seed(4)
-    x = torch.randn(T, H, generator=g)
-    if cfg == "uneven":
-        ids = _uneven_ids(T, 2, E)
-        weights = torch.rand(T, 2, generator=g)
-    else:
-        weights, ids = route(torch.randn(T, E, generator=g), RouterConfig("softmax", E, cfg.top_k))
+    x, w13, w2, weights, ids = _case_inputs(case, seed=4)
+    E = w13.shape[0]   # 10 or 16: over 3 ranks, runs of unequal length
     whole = fused_experts_ref(x, w13, w2, weights, ids)
     runs = [Shard(r, ranks, expert_parallel=True).experts(E) for r in range(ranks)]
     assert local_ids(torch.tensor([[0, 3, 4, E - 1]]), 4, 3).tolist() == [[-1, -1, 0, -1]]
