@@ -257,8 +257,8 @@ class MoeForCausalLM(LlamaForCausalLM):
             return None
         lay = self.layout
         pre, what = f"{m.group(1)}.{lay.block}", m.group(2)
-        if what == "gate.weight":
-            return [(f"{pre}.gate.weight", t)]
+        if what == "gate.weight":   # the router: only Mixtral's block has another name
+            return [(f"{pre}.gate.weight", t)] if lay.block != "mlp" else None
         if t.dim() != 3 or (what.endswith("gate_up_proj") and t.shape[1] % 2):
             raise ValueError(f"{name} has shape {tuple(t.shape)}: expected stacked experts [E, 2I, H] / [E, H, I]")
         if what.endswith("down_proj"):
