@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as _dt
 import json
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -293,6 +295,22 @@ def config_server_command(p: argparse.ArgumentParser, a: argparse.Namespace, cfg
     return cmd, ns
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises KeyboardInterrupt inside the block (main thread only; elsewhere a no-op)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:   # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def compare_main(argv: Sequence[str]) -> int:
     """`adaspec compare`: start the adaspec server once per speculation configuration, sweep
     each with the same requests and seeds, and compare output throughput level by level.
@@ -349,63 +367,80 @@ def compare_main(argv: Sequence[str]) -> int:
     rounds: list[dict[str, dict]] = []
     failures = 0
     interrupted = False
-    for rnd, (c, _, ns) in [(r, x) for r in range(a.rounds) for x in planned]:
-        if len(rounds) <= rnd:
-            rounds.append({})
-        runs = rounds[rnd]
-        label = c.label
-        port = free_port()
-        cmd, _ = config_server_command(p, a, c, port)
-        safe = label.replace(":", "-") + (f"-round{rnd + 1}" if a.rounds > 1 else "")
-        entry: dict = {"policy": c.policy, "spec_disable_batch_size": c.disable_bs,
-                       "flags": list(c.flags), "request_json": c.request_fields or None,
-                       "config": c.to_text(), "server_command": cmd,
-                       "server_log": str(out_dir / f"server-{safe}.log"), "error": None, "levels": []}
-        runs[label] = entry
-        print(f"== {label}: starting {shlex.join(cmd)}", file=sys.stderr)
-        server = ServerProcess(cmd, f"http://127.0.0.1:{port}", entry["server_log"],
-                               startup_timeout=a.server_timeout)
-        try:
-            with server:
-                entry["startup_s"] = server.startup_s
-                target = ApiTarget(base_url=server.base_url, model="", endpoint=a.endpoint,
-                                   ignore_eos=a.ignore_eos, temperature=a.temperature,
-                                   timeout_s=a.timeout,
-                                   extra_body=tuple(c.request_fields.items()))
-                entry.update(asyncio.run(run_sweep(target, dataset, cfg)))
-        except BenchError as e:
-            entry["error"] = str(e)
-            failures += 1
-            print(f"adaspec compare: {label}: error: {e}", file=sys.stderr)
-            continue
-        except KeyboardInterrupt:
-            entry["error"] = "interrupted"
-            interrupted = True
-            print(f"adaspec compare: interrupted during {label}; writing what is done",
-                  file=sys.stderr)
-            break
-        rate = ns.spec_simulate_accept_rate
-        if entry.get("simulated_acceptance") is None and rate is not None and c.policy != "off":
-            entry["simulated_acceptance"] = rate
-        print(sweep_table(entry, f"-- {label}"))
-        if _completed(entry) == 0:
-            failures += 1
+
+    def save(**extra) -> Path:
+        """compare.json of the first round as it stands. Rewritten after every level, so a
+        run killed mid-way (a device call's time limit) leaves its finished levels to merge."""
+        runs = rounds[0]
+        return write_json(out_dir / "compare.json", {
+            "tool": "adaspec compare", "command": "adaspec compare " + shlex.join(argv),
+            "date": _now(), "config": dict(vars(a)), "dataset": dataset.name,
+            "simulated_acceptance": simulated, "simulated_acceptance_note": simulated_banner(simulated) or None,
+            "configs": runs, "comparison": compare_rows(runs), **extra})
+
+    # A device call's time limit ends a run with SIGTERM: taken as an interrupt, so the server
+    # is stopped and what finished is written, as on ^C.
+    with _sigterm_interrupts():
+        for rnd, (c, _, ns) in [(r, x) for r in range(a.rounds) for x in planned]:
+            if len(rounds) <= rnd:
+                rounds.append({})
+            runs = rounds[rnd]
+            label = c.label
+            port = free_port()
+            cmd, _ = config_server_command(p, a, c, port)
+            safe = label.replace(":", "-") + (f"-round{rnd + 1}" if a.rounds > 1 else "")
+            entry: dict = {"policy": c.policy, "spec_disable_batch_size": c.disable_bs,
+                           "flags": list(c.flags), "request_json": c.request_fields or None,
+                           "config": c.to_text(), "server_command": cmd,
+                           "server_log": str(out_dir / f"server-{safe}.log"), "levels": [],
+                           "error": "unfinished: the run stopped before this configuration's last level"}
+            runs[label] = entry
+
+            def on_level(lv: dict, entry=entry, first_round=rnd == 0) -> None:
+                entry["levels"].append(lv)
+                if first_round:
+                    save()
+
+            print(f"== {label}: starting {shlex.join(cmd)}", file=sys.stderr)
+            server = ServerProcess(cmd, f"http://127.0.0.1:{port}", entry["server_log"],
+                                   startup_timeout=a.server_timeout)
+            try:
+                with server:
+                    entry["startup_s"] = server.startup_s
+                    target = ApiTarget(base_url=server.base_url, model="", endpoint=a.endpoint,
+                                       ignore_eos=a.ignore_eos, temperature=a.temperature,
+                                       timeout_s=a.timeout,
+                                       extra_body=tuple(c.request_fields.items()))
+                    entry.update(asyncio.run(run_sweep(target, dataset, cfg, on_level=on_level)), error=None)
+            except BenchError as e:
+                entry["error"] = str(e)
+                failures += 1
+                print(f"adaspec compare: {label}: error: {e}", file=sys.stderr)
+                continue
+            except KeyboardInterrupt:
+                entry["error"] = "interrupted"
+                interrupted = True
+                print(f"adaspec compare: interrupted during {label}; writing what is done",
+                      file=sys.stderr)
+                break
+            rate = ns.spec_simulate_accept_rate
+            if entry.get("simulated_acceptance") is None and rate is not None and c.policy != "off":
+                entry["simulated_acceptance"] = rate
+            print(sweep_table(entry, f"-- {label}"))
+            if _completed(entry) == 0:
+                failures += 1
 
     runs = rounds[0]
     rows = compare_rows(runs)
     names = [c.label for c in configs]
     print()
     print(compare_table(rows, names, title, simulated))
-    result = {"tool": "adaspec compare", "command": "adaspec compare " + shlex.join(argv),
-              "date": _now(), "config": dict(vars(a)), "dataset": dataset.name,
-              "simulated_acceptance": simulated,
-              "simulated_acceptance_note": simulated_banner(simulated) or None,
-              "configs": runs, "comparison": rows}
+    extra = {}
     if a.rounds > 1:   # (the table above and "configs": the first round)
         summary = rounds_summary(rounds, names)
         print(f"\nover {len(rounds)} rounds:\n" + rounds_table(summary, names))
-        result.update(rounds=rounds, rounds_summary=summary)
-    print(f"results: {write_json(out_dir / 'compare.json', result)}")
+        extra = {"rounds": rounds, "rounds_summary": summary}
+    print(f"results: {save(**extra)}")
     print(f"plot:    {plot_runs(out_dir / 'compare.png', runs, title, simulated)}")
     if interrupted:
         return 130

@@ -194,10 +194,14 @@ def _clean(obj: Any) -> Any:
 
 
 def write_json(path: str | os.PathLike, obj: Mapping) -> Path:
-    """Write `obj` as strict, indented JSON (creating parent directories)."""
+    """Write `obj` as strict, indented JSON (creating parent directories). The file is
+    replaced whole (written beside it, then renamed), so a process killed while writing leaves
+    the previous version, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_clean(obj), indent=2, allow_nan=False) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_clean(obj), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
     return path
 
 

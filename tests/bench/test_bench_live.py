@@ -5,7 +5,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -191,3 +195,34 @@ def test_compare_rounds_interleave_and_summarize(tiny, tmp_path, capsys):
     (row,) = res["rounds_summary"]
     assert row["median_ratio"]["off"] == 1.0 and len(row["ratio"]["always"]) == 2
     assert all(r > 0 for r in row["ratio"]["always"])
+
+
+@pytest.mark.slow
+def test_compare_stopped_by_sigterm_keeps_finished_levels_and_stops_its_server(tiny, tmp_path):
+    """A device call's time limit ends `adaspec compare` with SIGTERM in the middle of a
+    configuration. compare.json already holds the levels that finished (rewritten after each,
+    so the part still merges), the configuration is marked as not finished, and the server it
+    started (its own session, which the signal does not reach) is stopped."""
+    model, _ = tiny
+    out = tmp_path / "cut"
+    cmd = [sys.executable, "-m", "adaspec.cli", "compare", "--model", model, "--configs", "off", *CPU,
+           "--concurrency", "1,2", "--num-prompts", "2,400", "--input-len", "8", "--output-len", "64",
+           "--num-warmup", "0", "--out-dir", str(out), "--disable-tqdm",
+           "--server-timeout", "180"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "compare.json").exists():     # written when the first level ends
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.2)
+        time.sleep(1.0)                                 # into the second level (400 requests)
+        proc.send_signal(signal.SIGTERM)
+        text = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, text[-3000:]
+    run = json.loads((out / "compare.json").read_text())["configs"]["off"]
+    assert [(lv["concurrency"], lv["completed"]) for lv in run["levels"]] == [(1, 2)]
+    assert run["error"] == "interrupted"
+    assert "adaspec server stopped" in (out / "server-off.log").read_text()
