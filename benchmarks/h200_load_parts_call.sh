@@ -8,7 +8,8 @@
 # e.g. bash benchmarks/h200_load_parts_call.sh call1 qwen3-30b-a3b a=off@1,2,4,8,16,32,64 b=chain3
 # Each part may run until END_S (default 585) seconds into the call: the device's 600 s limit less
 # the tarball. Set END_S below the call's limit when less device time is left (a part cut by the
-# device itself returns nothing; one cut here returns its log, which compare_from_log.py reads).
+# device itself returns nothing; one cut here returns its compare.json of the levels that
+# finished, which `adaspec compare` rewrites after each level, and --merge takes as it is).
 # Every server writes its policy feed to $R/le/feeds/NAME.<pid>.jsonl (ADASPEC_POLICY_TRACE), which
 # benchmarks/feed_summary.py reads: where each configuration's engine time went.
 # Run from the repository root with .whl/ = the server's wheels (carry [".whl"]).
