@@ -198,6 +198,11 @@ class CudaGraphs:
         self.capture_seconds = 0.0
         self.memory_bytes = 0
 
+    @property
+    def count(self) -> int:
+        """CUDA graphs captured, of every kind (what the start-up log and the stats report)."""
+        return sum(map(len, (self.graphs, self.token_graphs, self.draft_graphs, self.tree_graphs, self.post_graphs)))
+
     def shapes(self) -> list[tuple[int, bool]]:
         """(q, tree) pairs the policies can ask for: decode, every chain length up to the
         configured one, and the configured tree."""
@@ -251,9 +256,7 @@ class CudaGraphs:
         self.capture_seconds = time.perf_counter() - t0
         self.memory_bytes = torch.cuda.memory_reserved() - reserved0  # the graphs' pool
         log.info("captured %d CUDA graphs in %.1f s, %.2f GiB; token graphs up to %d rows",
-                 len(self.graphs) + len(self.token_graphs) + len(self.draft_graphs) + len(self.tree_graphs)
-                 + len(self.post_graphs), self.capture_seconds, self.memory_bytes / 2**30,
-                 max(self.token_graphs, default=0))
+                 self.count, self.capture_seconds, self.memory_bytes / 2**30, max(self.token_graphs, default=0))
 
     @torch.inference_mode()
     def _capture_token_graphs(self) -> None:

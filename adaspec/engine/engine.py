@@ -411,8 +411,7 @@ class Engine:
             "attention_backend": self.runner.backend.name,
             "tensor_parallel_size": self.config.tensor_parallel_size,
             "enable_expert_parallel": self.config.enable_expert_parallel,
-            "cuda_graphs": (len(self.runner.graphs.graphs) + len(self.runner.graphs.token_graphs)
-                            + len(self.runner.graphs.draft_graphs) if self.runner.graphs else 0),
+            "cuda_graphs": self.runner.graphs.count if self.runner.graphs else 0,
             # the largest step a token graph holds (cuda_graph.py: captured while they pay)
             "cuda_graph_token_rows": max(self.runner.graphs.token_graphs, default=0) if self.runner.graphs else 0,
             "cuda_graph_capture_s": round(self.runner.graphs.capture_seconds, 2) if self.runner.graphs else 0.0,

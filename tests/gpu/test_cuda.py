@@ -146,7 +146,11 @@ def test_cuda_prompts_replay_token_graphs(models):
         for eager in (True, False):
             llm = LLM(str(d), enforce_eager=eager, long_prefill_token_threshold=32, **kw, **base)
             if not eager:
-                assert list(llm.engine.runner.graphs.token_graphs) == [16, 32, 64, 128], kw   # they all pay here
+                g = llm.engine.runner.graphs
+                assert list(g.token_graphs) == [16, 32, 64, 128], kw   # they all pay here
+                # the stats (and the serving line) count every kind the start-up log counts
+                kinds = (g.graphs, g.token_graphs, g.draft_graphs, g.tree_graphs, g.post_graphs)
+                assert llm.stats()["cuda_graphs"] == sum(map(len, kinds)), kw
             outs[eager] = [llm.generate([p], sp)[0].token_ids for p in prompts] + \
                 [o.token_ids for o in llm.generate(prompts, sp)]
             launches = llm.stats()["launches"]
