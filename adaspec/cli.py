@@ -7,7 +7,7 @@ COMMANDS = {
     "serve": ("adaspec.server.cli", "serve_main", "run the OpenAI-compatible server"),
     "generate": ("adaspec.server.cli", "generate_main", "generate for one prompt and print it"),
     "bench": ("adaspec.bench.cli", "bench_main", "sweep concurrency levels against a server"),
-    "compare": ("adaspec.bench.cli", "compare_main", "start the server per configuration and compare"),
+    "compare": ("adaspec.bench.compare", "compare_main", "start the server per configuration and compare"),
     "train-draft": ("adaspec.train.cli", "main", "train a small EAGLE-3 head on a target's own outputs"),
 }
 

@@ -293,7 +293,7 @@ def _run_logged(cmd: list[str], log: Path, timeout: float, env: dict | None = No
 
 
 def run_part(a, P: dict, argv: list[str]) -> Path:
-    from adaspec.bench.cli import compare_main
+    from adaspec.bench.compare import compare_main
 
     out = Path(a.out_dir)
     part_dir = out / f"part-{P['name']}"

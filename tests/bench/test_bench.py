@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from adaspec.bench import cli as bench_cli
+from adaspec.bench import compare as bench_compare
 from adaspec.bench.client import (ApiTarget, build_payload, chunk_text,
                                   make_client, send_request)
 from adaspec.bench.datasets import (CodeDataset, JsonlDataset, RandomDataset, SampleRequest,
@@ -611,26 +612,26 @@ def test_bench_per_level_prompt_counts_and_starts(fresh, tmp_path):
 
 
 def test_compare_helpers():
-    assert bench_cli.parse_config("threshold:8") == ("threshold", 8)
-    assert bench_cli.parse_config("auto") == ("auto", None)
+    assert bench_compare.parse_config("threshold:8") == ("threshold", 8)
+    assert bench_compare.parse_config("auto") == ("auto", None)
     for bad in ("threshold", "threshold:x", "threshold:0", "always:3", "sometimes"):
         with pytest.raises(ValueError):
-            bench_cli.parse_config(bad)
+            bench_compare.parse_config(bad)
     import argparse
     from adaspec.config import add_engine_cli_args
     p = argparse.ArgumentParser()
     add_engine_cli_args(p)
     a = p.parse_args(["--model", "M", "--draft", "D", "--device", "cpu", "--no-prefix-caching",
                       "--spec-simulate-accept-rate", "0.5", "--num-steps", "3"])
-    extra = bench_cli.passthrough_flags(p, a)
+    extra = bench_compare.passthrough_flags(p, a)
     # (--num-steps defaults to "not given", the demo pair's depth differing: given, it is passed on)
     assert extra == ["--device", "cpu", "--no-enable-prefix-caching", "--num-steps", "3",
                      "--spec-simulate-accept-rate", "0.5"]
-    cmd = bench_cli.server_command(a, "threshold", 8, 1234, extra)
+    cmd = bench_compare.server_command(a, "threshold", 8, 1234, extra)
     assert cmd[1:] == ["-m", "adaspec.cli", "serve", "--model", "M", "--draft", "D",
                        "--speculation", "threshold", "--spec-disable-batch-size", "8",
                        "--host", "127.0.0.1", "--port", "1234", *extra]
-    assert "--draft" not in bench_cli.server_command(a, "off", None, 1, [])
+    assert "--draft" not in bench_compare.server_command(a, "off", None, 1, [])
 
 
 def test_compare_report_table_and_plot(tmp_path):

@@ -18,6 +18,7 @@ if importlib.util.find_spec("adaspec.server.cli") is None:
     pytest.skip("adaspec.server.cli is not available", allow_module_level=True)
 
 from adaspec.bench import cli as bench_cli
+from adaspec.bench import compare as bench_compare
 from adaspec.bench.server import ServerProcess, free_port
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -90,7 +91,7 @@ def test_bench_two_levels_against_real_server(tiny, tmp_path, capsys):
 def test_compare_off_always(tiny, tmp_path, capsys):
     model, head = tiny
     out = tmp_path / "cmp"
-    rc = bench_cli.compare_main(["--model", model, "--draft", head, "--configs", "off,always", *CPU,
+    rc = bench_compare.compare_main(["--model", model, "--draft", head, "--configs", "off,always", *CPU,
                                  "--concurrency", "1,2", "--num-prompts", "4", "--input-len", "16",
                                  "--output-len", "16", "--num-warmup", "1", "--out-dir", str(out),
                                  "--disable-tqdm", "--server-timeout", "180"])
@@ -131,7 +132,7 @@ def test_simulated_acceptance_length(tiny, tmp_path, capsys):
     model, head = tiny
     A, k = 0.7, 3
     out = tmp_path / "sim"
-    rc = bench_cli.compare_main(["--model", model, "--draft", head, "--configs", "always",
+    rc = bench_compare.compare_main(["--model", model, "--draft", head, "--configs", "always",
                                  "--load-format", "dummy", "--spec-simulate-accept-rate", str(A),
                                  "--num-steps", str(k), "--topk", "1", *CPU,
                                  "--concurrency", "8", "--num-prompts", "24", "--input-len", "16",
@@ -165,7 +166,7 @@ def test_simulated_acceptance_length(tiny, tmp_path, capsys):
 @pytest.mark.slow
 def test_compare_reports_a_server_that_dies(tmp_path, capsys):
     out = tmp_path / "dead"
-    rc = bench_cli.compare_main(["--model", str(tmp_path / "no-such-model"), "--configs", "off", *CPU,
+    rc = bench_compare.compare_main(["--model", str(tmp_path / "no-such-model"), "--configs", "off", *CPU,
                                  "--concurrency", "1", "--num-prompts", "1", "--out-dir", str(out),
                                  "--disable-tqdm", "--server-timeout", "120"])
     assert rc == 1
@@ -180,7 +181,7 @@ def test_compare_reports_a_server_that_dies(tmp_path, capsys):
 def test_compare_rounds_interleave_and_summarize(tiny, tmp_path, capsys):
     model, head = tiny
     out = tmp_path / "rounds"
-    rc = bench_cli.compare_main(["--model", model, "--draft", head, "--configs", "off,always", "--rounds", "2", *CPU,
+    rc = bench_compare.compare_main(["--model", model, "--draft", head, "--configs", "off,always", "--rounds", "2", *CPU,
                                  "--concurrency", "1", "--num-prompts", "2", "--input-len", "8",
                                  "--output-len", "8", "--out-dir", str(out), "--disable-tqdm",
                                  "--server-timeout", "180"])

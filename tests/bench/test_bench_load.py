@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from adaspec.bench import cli as bench_cli
+from adaspec.bench import compare as bench_compare
 from adaspec.bench import experiment as X
 from adaspec.bench.client import ApiTarget, build_payload
 from adaspec.bench.configs import ServerConfig, check_flags, parse_configs, split_items
@@ -28,7 +28,7 @@ def test_configs_old_syntax_still_parses():
     assert [(c.label, c.policy, c.disable_bs, c.flags) for c in cfgs] == [
         ("off", "off", None, ()), ("always", "always", None, ()),
         ("threshold:8", "threshold", 8, ()), ("auto", "auto", None, ())]
-    assert bench_cli.parse_config("threshold:8") == ("threshold", 8)
+    assert bench_compare.parse_config("threshold:8") == ("threshold", 8)
 
 
 def test_configs_json_form_equals_the_short_form(tmp_path):
@@ -138,24 +138,24 @@ def test_per_config_flags_override_the_shared_ones():
     chain, tree, off, own = parse_configs(
         "chain3=always[--num-steps 3 --topk 1],tree16=always[--num-steps 2 --topk 4 --num-draft-tokens 16],"
         "off,own=threshold:4[--draft D2 --spec-simulate-accept-rate 0.5]")
-    cmd, ns = bench_cli.config_server_command(p, a, chain, 1234)
+    cmd, ns = bench_compare.config_server_command(p, a, chain, 1234)
     assert cmd.count("--num-steps") == 1 and cmd[cmd.index("--num-steps") + 1] == "3"
     assert (ns.num_steps, ns.topk, ns.device, ns.spec_simulate_accept_rate) == (3, 1, "cpu", 0.8)
     assert cmd[cmd.index("--port") + 1] == "1234" and cmd[cmd.index("--draft") + 1] == "D"
-    _, ns = bench_cli.config_server_command(p, a, tree, 1)
+    _, ns = bench_compare.config_server_command(p, a, tree, 1)
     assert (ns.num_steps, ns.topk, ns.num_draft_tokens) == (2, 4, 16)
-    cmd, ns = bench_cli.config_server_command(p, a, off, 1)
+    cmd, ns = bench_compare.config_server_command(p, a, off, 1)
     assert "--draft" not in cmd and ns.num_steps == 5 and ns.speculation == "off"
-    cmd, ns = bench_cli.config_server_command(p, a, own, 1)
+    cmd, ns = bench_compare.config_server_command(p, a, own, 1)
     assert cmd.count("--draft") == 1 and ns.draft == "D2" and ns.spec_simulate_accept_rate == 0.5
     assert (ns.speculation, ns.spec_disable_batch_size) == ("threshold", 4)
     # the engine's own validation of the resulting config (nothing is loaded)
     bad = parse_configs("t=always[--num-steps 2 --topk 4 --num-draft-tokens 40]")[0]
     with pytest.raises(ValueError, match="configuration 't'.*impossible"):
-        bench_cli.config_server_command(p, a, bad, 1)
+        bench_compare.config_server_command(p, a, bad, 1)
     p2, nodraft = _compare_ns(["--model", "M"])
     with pytest.raises(ValueError, match="needs --draft"):
-        bench_cli.config_server_command(p2, nodraft, chain, 1)
+        bench_compare.config_server_command(p2, nodraft, chain, 1)
 
 
 def test_compare_rejects_bad_configs_before_starting_servers(tmp_path, capsys):
@@ -164,7 +164,7 @@ def test_compare_rejects_bad_configs_before_starting_servers(tmp_path, capsys):
                            ("off,c=always[--num-steps 3", "without"),
                            ("off,off", "repeats the label")]:
         with pytest.raises(SystemExit) as e:
-            bench_cli.compare_main(["--model", str(tmp_path), "--draft", str(tmp_path), "--configs", configs,
+            bench_compare.compare_main(["--model", str(tmp_path), "--draft", str(tmp_path), "--configs", configs,
                                     "--out-dir", str(tmp_path / "out")])
         assert e.value.code == 2
         assert match in capsys.readouterr().err
