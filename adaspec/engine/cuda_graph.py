@@ -198,10 +198,13 @@ class CudaGraphs:
         self.capture_seconds = 0.0
         self.memory_bytes = 0
 
+    def tables(self) -> dict[str, dict]:
+        """Every kind's captured graphs by table name (counted; named across ranks: step_program)."""
+        return {t: getattr(self, t) for t in ("graphs", "token_graphs", "post_graphs", "draft_graphs", "tree_graphs")}
+
     @property
     def count(self) -> int:
-        """CUDA graphs captured, of every kind (what the start-up log and the stats report)."""
-        return sum(map(len, (self.graphs, self.token_graphs, self.draft_graphs, self.tree_graphs, self.post_graphs)))
+        return sum(map(len, self.tables().values()))   # every kind: the start-up log and the stats
 
     def shapes(self) -> list[tuple[int, bool]]:
         """(q, tree) pairs the policies can ask for: decode, every chain length up to the

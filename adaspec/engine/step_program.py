@@ -58,9 +58,6 @@ def phase(tp, fn) -> None:
     tp.exchange()
 
 
-_GRAPH_TABLES = ("graphs", "token_graphs", "post_graphs", "draft_graphs", "tree_graphs")
-
-
 class ProgramCodec:
     """StepProgram <-> bytes, against one runner's device state (see the module docstring)."""
 
@@ -75,7 +72,7 @@ class ProgramCodec:
         self.by_storage = {v.untyped_storage().data_ptr(): k for k, v in self.bases.items()}
         self.by_id = {id(v): k for k, v in self.objects.items()}
         graphs = runner.graphs
-        self.graph_tables = {t: getattr(graphs, t) for t in _GRAPH_TABLES} if graphs is not None else {}
+        self.graph_tables = graphs.tables() if graphs is not None else {}
         self.graph_ids = {id(g): (t, key) for t, table in self.graph_tables.items() for key, g in table.items()}
         self.views: dict[tuple, torch.Tensor] = {}
 
