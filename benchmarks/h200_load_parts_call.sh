@@ -4,8 +4,10 @@
 # `load_experiment.py --only LABELS [--levels L]` into $R/le/part-NAME and the tarball is
 # rewritten after each, so a call cut short returns the parts that finished. The parts of
 # several calls join here with `load_experiment.py --out-dir DIR --merge PART_DIRS...`.
-#   bash benchmarks/h200_load_parts_call.sh TARBALL SHAPE NAME=LABELS[@LEVELS] ...
+#   bash benchmarks/h200_load_parts_call.sh TARBALL SHAPE NAME=LABELS[@LEVELS] ... [--shape=SHAPE NAME=... ...]
 # e.g. bash benchmarks/h200_load_parts_call.sh call1 qwen3-30b-a3b a=off@1,2,4,8,16,32,64 b=chain3
+# A `--shape=SHAPE` among the parts sets the shape of the parts after it, so one call can finish
+# one shape's run and start another's (part names must differ: they name the part directories).
 # Each part may run until END_S (default 585) seconds into the call: the device's 600 s limit less
 # the tarball. Set END_S below the call's limit when less device time is left (a part cut by the
 # device itself returns nothing; one cut here returns its compare.json of the levels that
@@ -17,6 +19,7 @@ set -u
 CALL=$1; SHAPE=$2; shift 2
 . benchmarks/device_preamble.sh $CALL
 for spec in "$@"; do
+    [[ $spec == --shape=* ]] && { SHAPE=${spec#--shape=}; continue; }
     name=${spec%%=*}; rest=${spec#*=}; labels=${rest%%@*}
     levels=(); [[ $rest == *@* ]] && levels=(--levels "${rest#*@}")
     mkdir -p $R/le/feeds; export ADASPEC_POLICY_TRACE=$R/le/feeds/$name
