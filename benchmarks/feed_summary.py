@@ -7,8 +7,11 @@ wrote (ADASPEC_POLICY_TRACE=PREFIX: PREFIX.<pid>.jsonl, adaspec/spec_decode/poli
 For each feed: the policy; its steps and their summed cost (the engine's cadence, seconds);
 the steps that carried prompt or catch-up rows, their share of the time, their median cost
 and median rows (the prefill chunk the pacer allowed); and the decode-only steps' median cost
-and tokens per request-step, by `auto`'s batch bucket and draft length. Two configurations of one run
-side by side say whether one lost time in its steps with prompt rows or in its decode steps.
+and tokens per request-step, by `auto`'s batch bucket and draft length; and the steps with prompt
+rows by their query rows in buckets of ROWS_BUCKET, where a server's steps on either side of its
+token-graph cutoff (its start-up log: "token graphs stop below N rows") show what a replay saves
+over an eager step. Two configurations of one run side by side say whether one lost time in its
+steps with prompt rows or in its decode steps.
 """
 from __future__ import annotations
 
@@ -26,6 +29,16 @@ def bucket(b: int) -> int:
     return min(AutoPolicy.BUCKETS, key=lambda x: abs(x - b))
 
 
+ROWS_BUCKET = 128
+
+
+def query_rows(batch: int, draft_len: int, prompt_rows: int) -> int:
+    """A step's query rows as a feed line allows: the prompt (or catch-up) rows plus draft_len + 1
+    rows for each other request. Exact when one request carries all the prompt rows (the
+    pacer's usual chunk); each further such request counts draft_len + 1 rows too many."""
+    return prompt_rows + max(batch - 1, 0) * (draft_len + 1)
+
+
 def summarize(path: Path) -> dict:
     """The summary of one feed (see the module docstring); costs in ms."""
     lines = path.read_text().splitlines()
@@ -40,12 +53,17 @@ def summarize(path: Path) -> dict:
     table = [{"batch": b, "draft_len": d, "steps": len(v), "median_ms": round(statistics.median(c for c, _ in v), 3),
               "tokens_per_request_step": round(statistics.fmean(t for _, t in v), 3)}
              for (b, d), v in sorted(groups.items())]
+    by_rows: dict[int, list[float]] = {}
+    for b, d, cost, rows, *_ in prompt:
+        by_rows.setdefault(query_rows(b, d, rows) // ROWS_BUCKET * ROWS_BUCKET, []).append(cost / 1e3)
     return {"file": path.name, **head, "steps": len(steps), "total_s": round(total / 1e3, 2),
             "prompt_steps": len(prompt),
             "prompt_share": round(sum(s[2] for s in prompt) / 1e3 / total, 3) if total else 0.0,
             "prompt_median_ms": round(statistics.median(s[2] for s in prompt) / 1e3, 2) if prompt else None,
             "prompt_median_rows": statistics.median(s[3] for s in prompt) if prompt else None,
-            "decode": table}
+            "decode": table,
+            "prompt_by_rows": [{"rows_from": r, "steps": len(v), "median_ms": round(statistics.median(v), 2)}
+                               for r, v in sorted(by_rows.items())]}
 
 
 def feeds(args: list[str]) -> list[Path]:
@@ -69,6 +87,9 @@ def main() -> int:
         for t in r["decode"]:
             print(f"   bucket {t['batch']:>4} draft {t['draft_len']:>2}: {t['steps']:>6} steps, median {t['median_ms']:.3f} ms, "
                   f"{t['tokens_per_request_step']:.2f} tokens per request-step")
+        if r["prompt_by_rows"]:
+            print("   steps with prompt rows by query rows (from: median ms, steps): " + ", ".join(
+                f"{t['rows_from']}: {t['median_ms']:.1f} ({t['steps']})" for t in r["prompt_by_rows"]))
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0

@@ -91,7 +91,8 @@ def load_part(path: str | Path) -> dict:
 def merge_parts(parts: Sequence[Mapping], order: Sequence[str] | None = None) -> dict:
     """One result from several parts. Configurations are united (in `order`, then in order of
     appearance); a configuration found in several parts has its levels united by level,
-    a later part's level replacing an earlier one's (noted in ``merge_notes``). The offline
+    a later part's level replacing an earlier one's (noted in ``merge_notes``); an earlier part's
+    error stays unless a later part ran that configuration without error at all its levels. The offline
     references (``llm_generate``, ``hf_cb``) are taken from whichever part has them."""
     configs: dict[str, dict] = {}
     notes: list[str] = []
@@ -129,7 +130,12 @@ def merge_parts(parts: Sequence[Mapping], order: Sequence[str] | None = None) ->
                                  f"part {old.get('part')}")
                 levels[level_label(lv)] = lv
             merged = {**old, "levels": sorted(levels.values(), key=_level_key)}
-            merged["error"] = "; ".join(e for e in (old.get("error"), entry.get("error")) if e) or None
+            # A later run that finished without error at every level the earlier one reached
+            # supersedes it, its error included (a part cut short, then run again in full).
+            redone = not entry.get("error") and {level_label(lv) for lv in old.get("levels") or []} <= {
+                level_label(lv) for lv in entry.get("levels") or []}
+            errors = (entry.get("error"),) if redone else (old.get("error"), entry.get("error"))
+            merged["error"] = "; ".join(e for e in errors if e) or None
             merged["parts"] = [*old.get("parts", [old.get("part")]), entry["part"]]
             configs[label] = merged
     if order:

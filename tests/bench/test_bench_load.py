@@ -322,6 +322,20 @@ def test_merge_parts():
     assert m["comparison"][0]["best"] == "auto"
 
 
+def test_merge_keeps_an_error_until_a_later_part_reruns_every_level():
+    full = _synthetic()["configs"]["auto"]
+    cut = {"configs": {"auto": {**full, "levels": full["levels"][:2], "error": "interrupted"}},
+           "part": {"name": "cut"}}
+    rerun = {"configs": {"auto": {**full, "error": None}}, "part": {"name": "rerun"}}
+    partial = {"configs": {"auto": {**full, "levels": full["levels"][1:2], "error": None}},
+               "part": {"name": "partial"}}
+    assert X.merge_parts([cut, rerun])["configs"]["auto"]["error"] is None
+    assert len(X.merge_parts([cut, rerun])["configs"]["auto"]["levels"]) == len(full["levels"])
+    # a rerun of fewer levels than the cut part reached, or the cut part coming last, keeps it
+    assert X.merge_parts([cut, partial])["configs"]["auto"]["error"] == "interrupted"
+    assert X.merge_parts([rerun, cut])["configs"]["auto"]["error"] == "interrupted"
+
+
 def test_readme_has_tables_commands_and_ratios():
     res = _synthetic()
     res["comparison"] = compare_rows(res["configs"])
