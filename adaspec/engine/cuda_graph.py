@@ -17,8 +17,9 @@ fixed room (`FixedLaunch`); its post-forward runs eagerly. Eagerly, a step is ho
 demo pair's prompt step took 7-10 ms on the H200 for 0.2 ms of device work, the 48 layers of
 the Qwen3-30B-A3B shape ~58 ms. Where the device bounds a forward, padding costs more than the
 launches: token graphs are captured from the smallest bucket up while a replay beats the eager
-forward of the bucket below (`pays`). Larger steps, and the post-forward of steps that are not
-uniform or that sample or penalize, run eagerly.
+forward of the bucket below (`graph_sizes.pays`, with ADASPEC_TOKEN_GRAPH_MARGIN_MS). Larger
+steps, and the post-forward of steps that are not uniform or that sample or penalize, run
+eagerly.
 
 Capture stages its dummy batches with the step's own layout functions (`step_layout`,
 `verify_step`, `draft_step`) into the step's own staging buffers: the target forward's
@@ -39,6 +40,7 @@ from adaspec.device.chain_steps import ChainSteps
 from adaspec.device.staging import FixedLaunch, max_programs
 from adaspec.device.shift import Shift
 from adaspec.engine.draft_refresh import refresh_entries
+from adaspec.engine.graph_sizes import MAX_GRAPH_TOKENS, batch_buckets, pays, token_buckets, token_graph_margin_s
 from adaspec.engine.step_layout import ForwardInputs, StepLayout, stage_forward_inputs
 from adaspec.engine.verify_step import stage_verify, verify_inputs
 from adaspec.layers.attention import ForwardContext, forward_context
@@ -46,30 +48,6 @@ from adaspec.spec_decode.drafter import Trees
 from adaspec.spec_decode.policy import SpeculationPolicy
 
 log = logging.getLogger("adaspec")
-
-MAX_GRAPH_TOKENS = 2048
-def token_buckets(max_rows: int) -> list[int]:
-    """Row counts of the token graphs, up to the first that holds `max_rows` (none for 0): 16,
-    32, 64, then steps of an eighth or less (64 up to 1,024, 128 up to 2,048, 256 up to 4,096,
-    512 up to 8,192, 1,024 beyond), so padding adds at most 12.5% of the rows above 512 (a
-    forward bound by the device pays for those)."""
-    if max_rows <= 0:
-        return []
-    sizes = [16, 32, 64] + list(range(128, 1025, 64)) + list(range(1152, 2049, 128)) \
-        + list(range(2304, 4097, 256)) + list(range(4608, 8193, 512)) + list(range(9216, max_rows + 1024, 1024))
-    out = [r for r in sizes if r < max_rows]
-    return out + [r for r in sizes if r >= max_rows][:1]
-
-
-def pays(replay_s: float, eager_below_s: float) -> bool:
-    """Whether a token graph is worth capturing: its replay (all of its rows) beats the eager
-    forward of the bucket below it, the fewest rows a step it serves can hold more than."""
-    return replay_s < eager_below_s
-
-
-def batch_buckets(max_bs: int) -> list[int]:
-    sizes = [1, 2, 4, 8] + list(range(16, 64, 8)) + list(range(64, 128, 16)) + list(range(128, 1025, 32))
-    return sorted({b for b in sizes if b <= max_bs} | {max_bs})
 
 
 def record(fn, pool=None):
@@ -265,15 +243,17 @@ class CudaGraphs:
     def _capture_token_graphs(self) -> None:
         """Token graphs from the smallest bucket up, while each `pays` (every rank agreeing)."""
         eager_below = None
+        margin_s = token_graph_margin_s()
         for rows in token_buckets(self.g.max_token_rows):
             tg = self._capture_tokens(rows)
             replay_s, eager_s = self._time_token_graph(tg)
-            keep = pays(replay_s, eager_below if eager_below is not None else eager_s)
+            keep = pays(replay_s, eager_below if eager_below is not None else eager_s, margin_s)
             if self.g.tp is not None:   # every rank's vote: all must keep it (the start-up exchange)
                 keep = all(self.g.tp.exchange(keep))
             if not keep:
                 log.info("token graphs stop below %d rows: a replay took %.2f ms, the eager forward of "
-                         "fewer rows %.2f ms", rows, replay_s * 1e3, (eager_below or eager_s) * 1e3)
+                         "fewer rows %.2f ms (margin %.1f ms)", rows, replay_s * 1e3, (eager_below or eager_s) * 1e3,
+                         margin_s * 1e3)
                 break
             self.token_graphs[rows] = tg
             eager_below = eager_s

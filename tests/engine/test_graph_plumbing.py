@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from adaspec import LLM, SamplingParams
-from adaspec.engine import cuda_graph
+from adaspec.engine import cuda_graph, graph_sizes
 from helpers import prompts_of_lengths, record_post_graphs
 
 
@@ -310,6 +310,24 @@ def test_token_buckets_and_where_capture_stops(agree_dir, monkeypatch):
     llm.generate(prompts_of_lengths([10, 40], seed=3), sp)
     launches = llm.stats()["launches"]
     assert launches["target_eager"] >= 1 and launches["target_graph"] >= 1, launches
+
+    # ADASPEC_TOKEN_GRAPH_MARGIN_MS gives replays a margin over the eager forward below: 10 ms
+    # keeps the 32-row graph (48 < 40 + 10), not the 64-row one (96 ms)
+    monkeypatch.setenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS", "10")
+    runner.graphs = runner.make_graphs()
+    runner.graphs.capture_all()
+    assert list(runner.graphs.token_graphs) == [16, 32]
+
+
+@pytest.mark.parametrize("value", ["x", "-1", "nan"])
+def test_token_graph_margin_must_be_milliseconds(monkeypatch, value):
+    monkeypatch.setenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS", value)
+    with pytest.raises(ValueError, match="ADASPEC_TOKEN_GRAPH_MARGIN_MS"):
+        graph_sizes.token_graph_margin_s()
+    monkeypatch.setenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS", " 2.5 ")
+    assert graph_sizes.token_graph_margin_s() == pytest.approx(0.0025)
+    monkeypatch.delenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS")
+    assert graph_sizes.token_graph_margin_s() == 0.0 and not graph_sizes.pays(0.02, 0.02)
 
 
 @pytest.mark.parametrize("limit,graphs", [(0, []), (40, [16, 32, 64])])
