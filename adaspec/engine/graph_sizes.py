@@ -47,7 +47,7 @@ def token_graph_margin_s() -> float:
     try:
         ms = float(v)
     except ValueError:
-        raise ValueError(f"ADASPEC_TOKEN_GRAPH_MARGIN_MS={v!r}: expected milliseconds (a number >= 0)") from None
-    if not ms >= 0:
+        ms = float("nan")
+    if not ms >= 0:   # (nan too)
         raise ValueError(f"ADASPEC_TOKEN_GRAPH_MARGIN_MS={v!r}: expected milliseconds (a number >= 0)")
     return ms / 1e3
