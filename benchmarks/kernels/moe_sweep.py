@@ -9,7 +9,8 @@ searches the launch of the path the dispatch takes there (`use_small_path`):
 - aligned: stage by stage, so the record is also the kernel profile of the path. For each
   BLOCK_M: both alignments (one program, chunked: the crossover behind
   align.ONE_PROGRAM_MAX_PAIRS), gate/up's best (BLOCK_N, BLOCK_K, warps, stages) timed alone,
-  down's best timed alone (its own DOWN_* launch), and the top-k reduction; the BLOCK_M of the
+  down's best timed alone (its own DOWN_* launch), each best tile again with its N tiles first
+  (N_FIRST / DOWN_N_FIRST, kept where faster), and the top-k reduction; the BLOCK_M of the
   least total wins, and the merged launch is timed as one call and checked against the default.
 Times are 20 calls replayed from one CUDA graph, best of 5 replays. Near the small path's limit
 (pairs <= 4 x SMALL_MAX_PAIRS) the other path's default launch is timed too ("other_path_us"),
@@ -77,6 +78,20 @@ def aligned_search(x, w13, w2, weights, ids, deadline) -> dict:
         st = {"BLOCK_M": bm, "align_one_us": graph_us(lambda: align(ids, E, bm, chunked=False)),
               "align_chunked_us": graph_us(lambda: align(ids, E, bm, chunked=True))}
         for stage, dual in (("gate_up", True), ("down", False)):
+            def timed(c, dual=dual):
+                """us of one GEMM at tile `c`, or None where the launch fails (shared memory, registers)."""
+                if dual:
+                    fn = lambda: gate_up_aligned(x, w13, inter, al, K, c)  # noqa: E731
+                else:
+                    fn = lambda: down_aligned(inter, w2, flat_w, al, {  # noqa: E731
+                        "BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 64, "DOWN_BLOCK_N": c["BLOCK_N"],
+                        "DOWN_BLOCK_K": c["BLOCK_K"], "down_num_warps": c["num_warps"],
+                        "down_num_stages": c["num_stages"], "DOWN_N_FIRST": c.get("N_FIRST", 0)}, False)
+                try:
+                    fn()
+                    return graph_us(fn)
+                except Exception:  # noqa: BLE001 - e.g. out of shared memory or registers: skip it
+                    return None
             found = []
             for bn, bk, nw, ns in tiles(bm, dual):
                 if time.perf_counter() > deadline and found:
@@ -84,21 +99,18 @@ def aligned_search(x, w13, w2, weights, ids, deadline) -> dict:
                     break
                 c = fit_shared_memory({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw,
                                        "num_stages": ns}, 2)
-                if dual:
-                    fn = lambda c=c: gate_up_aligned(x, w13, inter, al, K, c)  # noqa: E731
-                else:
-                    d = {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 64, "DOWN_BLOCK_N": c["BLOCK_N"],
-                         "DOWN_BLOCK_K": c["BLOCK_K"], "down_num_warps": c["num_warps"],
-                         "down_num_stages": c["num_stages"]}
-                    fn = lambda d=d: down_aligned(inter, w2, flat_w, al, d, False)  # noqa: E731
-                try:
-                    fn()
-                    found.append((graph_us(fn), c))
-                except Exception:  # noqa: BLE001 - e.g. out of shared memory or registers: skip it
-                    continue
+                us = timed(c)
+                if us is not None:
+                    found.append((us, c))
             if not found:
                 break
             us, c = min(found, key=lambda f: f[0])
+            # the best tile again with its N tiles first (triton_kernels._grid): the order is kept
+            # where it measures faster
+            us_n = timed({**c, "N_FIRST": 1})
+            st[f"{stage}_blocks_first_us"], st[f"{stage}_n_first_us"] = us, us_n
+            if us_n is not None and us_n < us:
+                us, c = us_n, {**c, "N_FIRST": 1}
             st[f"{stage}_us"], st[f"{stage}_cfg"], st[f"{stage}_tried"] = us, c, len(found)
             if dual:   # down reads what the best gate/up wrote
                 gate_up_aligned(x, w13, inter, al, K, c)
@@ -113,6 +125,7 @@ def aligned_search(x, w13, w2, weights, ids, deadline) -> dict:
     g, d = top["gate_up_cfg"], top["down_cfg"]
     cfg = {**g, "DOWN_BLOCK_N": d["BLOCK_N"], "DOWN_BLOCK_K": d["BLOCK_K"], "down_num_warps": d["num_warps"],
            "down_num_stages": d["num_stages"]}
+    cfg["DOWN_N_FIRST"] = d.get("N_FIRST", 0)   # (down's own order, whatever gate/up's is)
     return {"per_block_m": per_bm, "config": cfg}
 
 

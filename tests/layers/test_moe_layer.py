@@ -327,12 +327,27 @@ def test_kernel_launch_parameters_do_not_change_the_result():
     ref = fused_experts_ref(x, w13, w2, weights, ids)
     for cfg in ({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32},
                 {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "DOWN_BLOCK_N": 16, "DOWN_BLOCK_K": 32,
-                 "down_num_warps": 2, "down_num_stages": 2}):   # the down GEMM's own launch
+                 "down_num_warps": 2, "down_num_stages": 2},   # the down GEMM's own launch
+                {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "N_FIRST": 1},   # N tiles first, both GEMMs
+                {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "DOWN_N_FIRST": 1}):   # down's alone
         got = fused_experts_triton(x, w13, w2, weights, ids, cfg, path="aligned")
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     for cfg in (TINY_SMALL, {"BLOCK_N": 32, "BLOCK_K": 32, "DOWN_BLOCK_N": 16, "DOWN_BLOCK_K": 64, "num_stages": 2}):
         got = fused_experts_triton(x, w13, w2, weights, ids, cfg, path="small")
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_aligned_grid_order():
+    """Blocks first unless the launch asks for N tiles first; that order falls back to blocks
+    first where the blocks outnumber a grid's second dimension."""
+    from adaspec.layers.moe import triton_kernels as tk
+
+    assert tk._grid(100, 12, 0) == ((100, 12), False)
+    assert tk._grid(100, 12, 1) == ((12, 100), True)
+    assert tk._grid(tk.MAX_GRID_YZ + 1, 12, 1) == ((tk.MAX_GRID_YZ + 1, 12), False)
+    assert tk.down_launch({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "N_FIRST": 1})["N_FIRST"] == 1
+    assert tk.down_launch({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "N_FIRST": 1, "DOWN_N_FIRST": 0})["N_FIRST"] == 0
+    assert tk.down_launch({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64})["N_FIRST"] == 0
 
 
 @needs_triton

@@ -10,6 +10,7 @@ down GEMM with the routing weight, and the top-k reduction.
               silu(gate) * up -> inter[T*k, I] indexed by pair (HF's rounding steps).
     down      grid (block, H tile): inter rows times w2[e], times the pair's routing weight
               -> out_k[T*k, H]; blocks past the last expert exit at once.
+              (Either GEMM's grid may put its N tiles first: `_grid`, a launch-table key.)
     reduce    out[t] = sum_j out_k[t*k + j] (torch's sum: fp32 accumulation, one rounding).
 
 Small path (`use_small_path`: decode-sized N; small_batch.py): two launches, no alignment: a
@@ -161,8 +162,8 @@ if triton is not None:
     @triton.jit
     def _gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, H, I,
                         stride_x, stride_we, stride_wn, stride_o, TOPK: tl.constexpr, IEEE: tl.constexpr,
-                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        pid_m = tl.program_id(0)
+                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, N_FIRST: tl.constexpr = False):
+        pid_m = tl.program_id(1 if N_FIRST else 0)
         e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
         if e < 0:
             return
@@ -170,7 +171,7 @@ if triton is not None:
         r_ok = r < tl.load(block_rows_ptr + pid_m)
         pair = tl.load(sorted_ptr + pid_m * BM + r, mask=r_ok, other=0).to(tl.int64)
         tok = pair // TOPK
-        n = tl.program_id(1) * BN + tl.arange(0, BN)
+        n = tl.program_id(0 if N_FIRST else 1) * BN + tl.arange(0, BN)
         n_ok = n < I
         w_base = w_ptr + e * stride_we
         acc_g = tl.zeros([BM, BN], dtype=tl.float32)
@@ -197,15 +198,15 @@ if triton is not None:
     @triton.jit
     def _down_kernel(a_ptr, w_ptr, out_ptr, topw_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, H, I,
                      stride_a, stride_we, stride_wn, stride_o, IEEE: tl.constexpr, ROUND_W: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        pid_m = tl.program_id(0)
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, N_FIRST: tl.constexpr = False):
+        pid_m = tl.program_id(1 if N_FIRST else 0)
         e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
         if e < 0:
             return
         r = tl.arange(0, BM)
         r_ok = r < tl.load(block_rows_ptr + pid_m)
         pair = tl.load(sorted_ptr + pid_m * BM + r, mask=r_ok, other=0).to(tl.int64)
-        n = tl.program_id(1) * BN + tl.arange(0, BN)
+        n = tl.program_id(0 if N_FIRST else 1) * BN + tl.arange(0, BN)
         n_ok = n < H
         w_base = w_ptr + e * stride_we
         acc = tl.zeros([BM, BN], dtype=tl.float32)
@@ -316,12 +317,29 @@ def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w
 
 def down_launch(cfg: dict) -> dict:
     """The down GEMM's launch in an aligned-path config: its own DOWN_BLOCK_N / DOWN_BLOCK_K /
-    down_num_warps / down_num_stages where the sweep found them, else gate/up's (BLOCK_M is
-    shared: the alignment's blocks)."""
+    down_num_warps / down_num_stages / DOWN_N_FIRST where the sweep found them, else gate/up's
+    (BLOCK_M is shared: the alignment's blocks)."""
     return {"BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg.get("DOWN_BLOCK_N", cfg["BLOCK_N"]),
             "BLOCK_K": cfg.get("DOWN_BLOCK_K", cfg["BLOCK_K"]),
             "num_warps": cfg.get("down_num_warps", cfg.get("num_warps", 4)),
-            "num_stages": cfg.get("down_num_stages", cfg.get("num_stages", 3))}
+            "num_stages": cfg.get("down_num_stages", cfg.get("num_stages", 3)),
+            "N_FIRST": cfg.get("DOWN_N_FIRST", cfg.get("N_FIRST", 0))}
+
+
+# CUDA's limit on a grid's second and third dimensions.
+MAX_GRID_YZ = 65535
+
+
+def _grid(blocks: int, n_tiles: int, n_first) -> tuple[tuple[int, int], bool]:
+    """(grid, N_FIRST) of an aligned GEMM. Blocks first (the default): programs that run side
+    by side read one N tile of many experts. N_FIRST (a launch-table key, "N_FIRST" for gate/up,
+    "DOWN_N_FIRST" for down): programs that run side by side read every N tile of one block, so
+    the block's rows of activations, read once per N tile, come from L2 after the first. Which
+    is faster is the sweep's to measure. N_FIRST falls back to blocks first when there are more
+    blocks than a grid's second dimension holds."""
+    if n_first and blocks <= MAX_GRID_YZ:
+        return (n_tiles, blocks), True
+    return (blocks, n_tiles), False
 
 
 def gate_up_aligned(x: torch.Tensor, w13: torch.Tensor, inter: torch.Tensor, aligned: tuple, top_k: int,
@@ -329,10 +347,11 @@ def gate_up_aligned(x: torch.Tensor, w13: torch.Tensor, inter: torch.Tensor, ali
     """inter[pair] = silu(x[tok] @ gate[e].T) * (x[tok] @ up[e].T) for the aligned pairs."""
     sorted_pairs, block_expert, block_rows = aligned
     H, I = x.shape[1], inter.shape[1]
-    _gate_up_kernel[(block_expert.numel(), triton.cdiv(I, cfg["BLOCK_N"]))](
+    grid, n_first = _grid(block_expert.numel(), triton.cdiv(I, cfg["BLOCK_N"]), cfg.get("N_FIRST", 0))
+    _gate_up_kernel[grid](
         x, w13, inter, sorted_pairs, block_expert, block_rows, H, I, x.stride(0), w13.stride(0), w13.stride(1),
         inter.stride(0), TOPK=top_k, IEEE=x.dtype == torch.float32, BM=cfg["BLOCK_M"], BN=cfg["BLOCK_N"],
-        BK=cfg["BLOCK_K"], num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
+        BK=cfg["BLOCK_K"], N_FIRST=n_first, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
 
 
 def down_aligned(inter: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, aligned: tuple, cfg: dict,
@@ -344,11 +363,12 @@ def down_aligned(inter: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, a
     H = w2.shape[1]
     d = down_launch(cfg)
     out_k = (torch.zeros if skips else torch.empty)(N, H, dtype=inter.dtype, device=inter.device)
-    _down_kernel[(block_expert.numel(), triton.cdiv(H, d["BLOCK_N"]))](
+    grid, n_first = _grid(block_expert.numel(), triton.cdiv(H, d["BLOCK_N"]), d["N_FIRST"])
+    _down_kernel[grid](
         inter, w2, out_k, weights, sorted_pairs, block_expert, block_rows, H, I,
         inter.stride(0), w2.stride(0), w2.stride(1), out_k.stride(0), IEEE=inter.dtype == torch.float32,
-        ROUND_W=round_weights, BM=d["BLOCK_M"], BN=d["BLOCK_N"], BK=d["BLOCK_K"], num_warps=d["num_warps"],
-        num_stages=d["num_stages"])
+        ROUND_W=round_weights, BM=d["BLOCK_M"], BN=d["BLOCK_N"], BK=d["BLOCK_K"], N_FIRST=n_first,
+        num_warps=d["num_warps"], num_stages=d["num_stages"])
     return out_k
 
 
