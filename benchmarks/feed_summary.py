@@ -8,7 +8,7 @@ For each feed: the policy; its steps and their summed cost (the engine's cadence
 the steps that carried prompt or catch-up rows, their share of the time, their median cost
 and median rows (the prefill chunk the pacer allowed); and the decode-only steps' median cost
 and tokens per request-step, by `auto`'s batch bucket and draft length; and the steps with prompt
-rows by their query rows in buckets of ROWS_BUCKET, where a server's steps on either side of its
+rows by their query rows (`query_rows`) in buckets of ROWS_BUCKET, where a server's steps on either side of its
 token-graph cutoff (its start-up log: "token graphs stop below N rows") show what a replay saves
 over an eager step. Two configurations of one run side by side say whether one lost time in its
 steps with prompt rows or in its decode steps.
@@ -32,10 +32,14 @@ def bucket(b: int) -> int:
 ROWS_BUCKET = 128
 
 
-def query_rows(batch: int, draft_len: int, prompt_rows: int) -> int:
-    """A step's query rows as a feed line allows: the prompt (or catch-up) rows plus draft_len + 1
-    rows for each other request. Exact when one request carries all the prompt rows (the
-    pacer's usual chunk); each further such request counts draft_len + 1 rows too many."""
+def query_rows(step: list) -> int:
+    """A feed line's query rows: recorded (its 8th field) since session 22; in older feeds
+    estimated as the prompt (or catch-up) rows plus draft_len + 1 rows for each other request,
+    exact when one request carries all the prompt rows (the pacer's usual chunk), each further
+    such request counting draft_len + 1 rows too many."""
+    if len(step) > 7:
+        return step[7]
+    batch, draft_len, _, prompt_rows = step[:4]
     return prompt_rows + max(batch - 1, 0) * (draft_len + 1)
 
 
@@ -48,14 +52,14 @@ def summarize(path: Path) -> dict:
     decode = [s for s in steps if s[3] == 0]
     total = sum(s[2] for s in steps) / 1e3
     groups: dict[tuple[int, int], list] = {}
-    for b, d, cost, _, acc, drafted, _ in decode:
+    for b, d, cost, _, acc, drafted, *_ in decode:
         groups.setdefault((bucket(b), d), []).append((cost / 1e3, 1.0 + sum(acc) / max(b, 1)))
     table = [{"batch": b, "draft_len": d, "steps": len(v), "median_ms": round(statistics.median(c for c, _ in v), 3),
               "tokens_per_request_step": round(statistics.fmean(t for _, t in v), 3)}
              for (b, d), v in sorted(groups.items())]
     by_rows: dict[int, list[float]] = {}
-    for b, d, cost, rows, *_ in prompt:
-        by_rows.setdefault(query_rows(b, d, rows) // ROWS_BUCKET * ROWS_BUCKET, []).append(cost / 1e3)
+    for s in prompt:
+        by_rows.setdefault(query_rows(s) // ROWS_BUCKET * ROWS_BUCKET, []).append(s[2] / 1e3)
     return {"file": path.name, **head, "steps": len(steps), "total_s": round(total / 1e3, 2),
             "prompt_steps": len(prompt),
             "prompt_share": round(sum(s[2] for s in prompt) / 1e3 / total, 3) if total else 0.0,

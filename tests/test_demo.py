@@ -77,7 +77,10 @@ def test_serve_without_model_arguments(tmp_path):
     [written] = tmp_path.glob("policy.*.jsonl")
     head, *steps = [json.loads(line) for line in written.read_text().splitlines()]
     assert head == {"policy": "auto", "num_steps": DEMO_NUM_STEPS, "topk": 1}
-    assert steps and all(len(r) == 7 and r[0] == 1 for r in steps)   # one request: batch 1 throughout
+    assert steps and all(len(r) == 8 and r[0] == 1 for r in steps)   # one request: batch 1 throughout
+    # query rows: 1 + draft length (a chain) in a decode step; at least the prompt rows in a step with them
+    assert all(r[7] == 1 + r[1] if r[3] == 0 else r[7] >= r[3] for r in steps), steps
+    assert steps[0][3] > 0 and steps[0][7] == steps[0][3]   # the first step: the prompt alone
 
 
 @pytest.mark.parametrize("argv,policy,num_steps,topk", [

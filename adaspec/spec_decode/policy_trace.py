@@ -4,8 +4,9 @@ ADASPEC_POLICY_TRACE=PREFIX is set and writes PREFIX.<pid>.jsonl at a clean stop
 
 The file's first line describes the policy ({"policy", "num_steps", "topk"}); each further line
 is one observed step: [batch size, draft length, cost in us (StepFeedback.step_time), prompt or
-catch-up rows, accepted per position, drafted per position, probe], `probe` true where an
-`auto` probe ran the step (false for every other policy).
+catch-up rows, accepted per position, drafted per position, probe, query rows], `probe` true
+where an `auto` probe ran the step (false for every other policy), `query rows` the target
+forward's (StepFeedback.num_tokens; files written before session 22 end at `probe`).
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ class PolicyTrace:
     def _traced(self, fb: StepFeedback) -> None:
         self._observe(fb)
         self.records.append([fb.batch_size, fb.draft_len, round(fb.step_time * 1e6, 1), fb.num_prefill_tokens,
-                             list(fb.accepted_per_position), list(fb.drafted_per_position), self.policy.last_was_probe])
+                             list(fb.accepted_per_position), list(fb.drafted_per_position), self.policy.last_was_probe,
+                             fb.num_tokens])
 
     def write(self, path: str) -> None:
         cfg = self.policy.cfg

@@ -69,6 +69,6 @@ def test_a_served_policy_trace_gives_noise_draws(sim, tmp_path):
     trace.write(str(path))
     head, *rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert head == {"policy": "auto", "num_steps": 2, "topk": 1}
-    assert rows[0] == [1, 2, 1000.0, 0, [1, 1], [1, 1], False] and rows[-1][-1] is True
+    assert rows[0] == [1, 2, 1000.0, 0, [1, 1], [1, 1], False, 3] and rows[-1][6] is True
     # steady: (2: 1.2, 0.8, 1.0) and (0: 0.5, 0.5); the first of each run and the probe are left out
     assert sorted(sim.noise_draws(str(path))) == pytest.approx([0.8, 1.0, 1.0, 1.0, 1.2])

@@ -40,4 +40,15 @@ def test_summary_of_a_feed(fs, tmp_path):
     assert r["prompt_by_rows"] == [{"rows_from": 0, "steps": 1, "median_ms": 20.0},
                                    {"rows_from": 128, "steps": 1, "median_ms": 30.0},
                                    {"rows_from": 256, "steps": 1, "median_ms": 50.0}]
-    assert fs.query_rows(3, 3, 100) == 108 and fs.query_rows(1, 0, 0) == 0
+    assert fs.query_rows([3, 3, 1.0, 100, [], [], False]) == 108   # a feed of before session 22: estimated
+    assert fs.query_rows([3, 3, 1.0, 100, [], [], False, 140]) == 140   # recorded
+
+
+def test_a_feed_with_query_rows_buckets_by_them(fs, tmp_path):
+    steps = [[3, 3, 20000.0, 100, [2, 2, 2], [2, 2, 2], False, 300],   # two prompt chunks: 300 rows,
+             [1, 0, 6000.0, 0, [], [], False, 1]]                      # not the 108 an estimate gives
+    feed = tmp_path / "y.1.jsonl"
+    feed.write_text("\n".join(json.dumps(s) for s in [{"policy": "always", "num_steps": 3, "topk": 1}] + steps))
+    r = fs.summarize(feed)
+    assert r["prompt_by_rows"] == [{"rows_from": 256, "steps": 1, "median_ms": 20.0}]
+    assert r["decode"][0]["median_ms"] == 6.0
