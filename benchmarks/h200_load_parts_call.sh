@@ -26,5 +26,5 @@ for spec in "$@"; do
     left=$((${END_S:-585} - SECONDS)); [ $left -lt 30 ] && { echo "[part $name skipped: ${left}s left]"; continue; }
     part $left le_$name python3 benchmarks/load_experiment.py --shape $SHAPE --out-dir $le --part $name \
         --only $labels "${levels[@]}" --waves 8 --accept-rate 0.8 --server-timeout 240 --no-llm-generate
-    awk '/^## Output throughput/{on=1;next} on&&/^## /{exit} on&&/^\|/' $le/README.md   # the shape's parts so far
+    throughput_table $le   # the shape's parts so far
 done

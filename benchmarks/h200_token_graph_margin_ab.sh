@@ -20,5 +20,5 @@ for m in ${MARGINS//,/ }; do
         part $left ab_$m python3 benchmarks/load_experiment.py --shape $SHAPE --out-dir $R/ab_$m --part m$m \
         --only $LABEL --levels $LEVELS --waves 8 --accept-rate 0.8 --server-timeout 240 --no-llm-generate
     grep -h "token graphs stop\|captured" $R/ab_$m/part-m$m/server-*.log | cut -c1-220
-    awk '/^## Output throughput/{on=1;next} on&&/^## /{exit} on&&/^\|/' $R/ab_$m/README.md
+    throughput_table $R/ab_$m
 done

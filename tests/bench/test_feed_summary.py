@@ -1,20 +1,15 @@
 """benchmarks/feed_summary.py: a policy feed summarized (decode steps by bucket and draft length,
 steps with prompt rows by their query rows)."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def fs():
-    spec = importlib.util.spec_from_file_location("feed_summary", ROOT / "benchmarks" / "feed_summary.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("feed_summary")
 
 
 def test_summary_of_a_feed(fs, tmp_path):
