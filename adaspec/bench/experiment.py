@@ -92,8 +92,10 @@ def merge_parts(parts: Sequence[Mapping], order: Sequence[str] | None = None) ->
     """One result from several parts. Configurations are united (in `order`, then in order of
     appearance); a configuration found in several parts has its levels united by level,
     a later part's level replacing an earlier one's (noted in ``merge_notes``); an earlier part's
-    error stays unless a later part ran that configuration without error at all its levels. The offline
-    references (``llm_generate``, ``hf_cb``) are taken from whichever part has them."""
+    error stays unless a later part, without error, ran that configuration at every level the
+    earlier one reached (a rerun) or at every level of the earlier part's plan it did not reach (a
+    continuation); a cleared error is noted. The offline references (``llm_generate``,
+    ``hf_cb``) are taken from whichever part has them."""
     configs: dict[str, dict] = {}
     notes: list[str] = []
     reference: dict = {}
@@ -118,7 +120,7 @@ def merge_parts(parts: Sequence[Mapping], order: Sequence[str] | None = None) ->
                 notes.append(f"{key}: part {pm.get('name', i)} replaces an earlier part's")
             reference[key] = new
         for label, entry in (part.get("configs") or {}).items():
-            entry = {**entry, "part": pm.get("name", i)}
+            entry = {**entry, "part": pm.get("name", i), "planned": [str(c) for c in pm.get("levels") or []]}
             if label not in configs:
                 configs[label] = entry
                 continue
@@ -130,13 +132,20 @@ def merge_parts(parts: Sequence[Mapping], order: Sequence[str] | None = None) ->
                                  f"part {old.get('part')}")
                 levels[level_label(lv)] = lv
             merged = {**old, "levels": sorted(levels.values(), key=_level_key)}
-            # A later run that finished without error at every level the earlier one reached
-            # supersedes it, its error included (a part cut short, then run again in full).
-            redone = not entry.get("error") and {level_label(lv) for lv in old.get("levels") or []} <= {
-                level_label(lv) for lv in entry.get("levels") or []}
+            # A later run without error supersedes an earlier error if it ran every level the
+            # earlier run reached (a part cut short, run again in full) or every planned level
+            # the earlier run did not reach (a part cut short, then finished).
+            reached = {level_label(lv) for lv in old.get("levels") or []}
+            ran = {level_label(lv) for lv in entry.get("levels") or []}
+            planned = set(old.get("planned") or ())   # (none in parts without a part.json)
+            redone = not entry.get("error") and (reached <= ran or bool(planned) and planned - reached <= ran)
+            if redone and old.get("error"):
+                notes.append(f"{label}: part {pm.get('name', i)} clears part {old.get('part')}'s error "
+                             f"({old['error']})")
             errors = (entry.get("error"),) if redone else (old.get("error"), entry.get("error"))
             merged["error"] = "; ".join(e for e in errors if e) or None
             merged["parts"] = [*old.get("parts", [old.get("part")]), entry["part"]]
+            merged["planned"] = sorted(planned | set(entry["planned"]), key=str)
             configs[label] = merged
     if order:
         known = [k for k in order if k in configs]

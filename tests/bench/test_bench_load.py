@@ -334,6 +334,18 @@ def test_merge_keeps_an_error_until_a_later_part_reruns_every_level():
     # a rerun of fewer levels than the cut part reached, or the cut part coming last, keeps it
     assert X.merge_parts([cut, partial])["configs"]["auto"]["error"] == "interrupted"
     assert X.merge_parts([rerun, cut])["configs"]["auto"]["error"] == "interrupted"
+    # a continuation: the levels of the cut part's plan that it did not reach, run by a later part
+    plan = [lv["concurrency"] for lv in full["levels"]]
+    cut_planned = {**cut, "part": {"name": "cut", "levels": plan}}
+    rest = {"configs": {"auto": {**full, "levels": full["levels"][2:], "error": None}},
+            "part": {"name": "rest", "levels": plan[2:]}}
+    merged = X.merge_parts([cut_planned, rest])
+    assert merged["configs"]["auto"]["error"] is None and len(merged["configs"]["auto"]["levels"]) == len(plan)
+    assert any("clears part cut's error" in n for n in merged["merge_notes"])
+    # ... but not when a planned level is still missing, nor for a part that recorded no plan
+    short = {**rest, "configs": {"auto": {**full, "levels": full["levels"][3:], "error": None}}}
+    assert X.merge_parts([cut_planned, short])["configs"]["auto"]["error"] == "interrupted"
+    assert X.merge_parts([cut, rest])["configs"]["auto"]["error"] == "interrupted"
 
 
 def test_readme_has_tables_commands_and_ratios():
