@@ -8,8 +8,8 @@ ratios, and prints the tables.
         --moe benchmarks/results/h200/moe/load_experiment_s7/compare.json \
         --out benchmarks/results/h200/moe/flip.png
 
-The two runs need not come from one call; the JSON records each file's path and dates so the
-reader can see whether they did.
+The two runs need not come from one call; the JSON records each file's path, dates and devices
+(the panels' titles name the devices) so the reader can see whether they did.
 """
 from __future__ import annotations
 
@@ -52,7 +52,9 @@ def main(argv=None) -> int:
     runs = {}
     for name, path in (("dense (llama-8b)", a.dense), ("MoE (qwen3-30b-a3b)", a.moe)):
         d = json.loads(Path(path).read_text())
-        runs[name] = {"path": path, "dates": sorted({part.get("date", "") for part in d.get("parts", [])} - {""}),
+        parts = d.get("parts", [])
+        runs[name] = {"path": path, "dates": sorted({part.get("date") or "" for part in parts} - {""}),
+                      "devices": sorted({(part.get("device") or "").split(",")[0] for part in parts} - {""}),
                       "over_off": over_off(d)}
         print(table(name, runs[name]["over_off"]) + "\n")
     out = Path(a.out)
@@ -71,13 +73,13 @@ def main(argv=None) -> int:
             ax.plot(xs, [r[x] for x in xs], marker="o", label=cfg, color=colour[cfg])
         ax.axhline(1.0, color="grey", lw=1, ls="--")
         ax.set_xscale("log", base=2)
-        ax.set_title(name)
+        ax.set_title(f"{name}, {' + '.join(run['devices']) or 'device unknown'}")
         ax.set_xlabel("concurrency (closed loop)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("output throughput / off")
     for ax in axes:
         ax.legend()
-    fig.suptitle("Speculation over plain decoding: dense vs MoE (H200, simulated acceptance 0.8)")
+    fig.suptitle("Speculation over plain decoding: dense vs MoE (simulated acceptance 0.8)")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     print(f"wrote {out} and {out.with_suffix('.json')}")
