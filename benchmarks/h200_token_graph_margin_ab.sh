@@ -3,9 +3,10 @@
 # one GPU in one device call: the same load-experiment configuration at the same levels, one
 # fresh server per margin, each in its own output directory (so no merge mixes them), then each
 # server's cut from its start-up log and each part's table.
-#   bash benchmarks/h200_token_graph_margin_ab.sh SHAPE [LABEL] [LEVELS] [MARGINS_MS]
+#   bash benchmarks/h200_token_graph_margin_ab.sh SHAPE [LABEL] [LEVELS] [MARGINS_MS]   (a margin `default`: none set)
 # e.g. bash benchmarks/h200_token_graph_margin_ab.sh llama-8b chain3 16,64 0,1000
-# (1000 ms captures token graphs up to --cuda-graph-max-tokens.) Session 22's feeds put a
+# (1000 ms captures token graphs up to --cuda-graph-max-tokens; 0 is the bare comparison; the
+# default, no value set, is the eager forward's launch time.) Session 22's feeds put a
 # speculative server's eager steps with prompt rows 12-15 ms above replays of the same rows;
 # this measures what a wider cut gives served throughput. Then, here, on each ab_M/ directory:
 #   python3 benchmarks/feed_summary.py DIR/feeds      (steps with prompt rows by query rows)
@@ -16,7 +17,8 @@ SHAPE=$1; LABEL=${2:-chain3}; LEVELS=${3:-16,64}; MARGINS=${4:-0,1000}
 for m in ${MARGINS//,/ }; do
     left=$((${END_S:-585} - SECONDS)); [ $left -lt 30 ] && { echo "[margin $m skipped: ${left}s left]"; continue; }
     mkdir -p $R/ab_$m/feeds
-    ADASPEC_TOKEN_GRAPH_MARGIN_MS=$m ADASPEC_POLICY_TRACE=$R/ab_$m/feeds/m$m \
+    if [ $m = default ]; then unset ADASPEC_TOKEN_GRAPH_MARGIN_MS; else export ADASPEC_TOKEN_GRAPH_MARGIN_MS=$m; fi
+    ADASPEC_POLICY_TRACE=$R/ab_$m/feeds/m$m \
         part $left ab_$m python3 benchmarks/load_experiment.py --shape $SHAPE --out-dir $R/ab_$m --part m$m \
         --only $LABEL --levels $LEVELS --waves 8 --accept-rate 0.8 --server-timeout 240 --no-llm-generate
     grep -h "token graphs stop\|captured" $R/ab_$m/part-m$m/server-*.log | cut -c1-220

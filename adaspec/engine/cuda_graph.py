@@ -17,7 +17,7 @@ fixed room (`FixedLaunch`); its post-forward runs eagerly. Eagerly, a step is ho
 demo pair's prompt step took 7-10 ms on the H200 for 0.2 ms of device work, the 48 layers of
 the Qwen3-30B-A3B shape ~58 ms. Where the device bounds a forward, padding costs more than the
 launches: token graphs are captured from the smallest bucket up while a replay beats the eager
-forward of the bucket below (`graph_sizes.pays`, with ADASPEC_TOKEN_GRAPH_MARGIN_MS). Larger
+forward of the bucket below plus that forward's launch time (`graph_sizes.pays`). Larger
 steps, and the post-forward of steps that are not uniform or that sample or penalize, run
 eagerly.
 
@@ -242,36 +242,40 @@ class CudaGraphs:
     @torch.inference_mode()
     def _capture_token_graphs(self) -> None:
         """Token graphs from the smallest bucket up, while each `pays` (every rank agreeing)."""
-        eager_below = None
-        margin_s = token_graph_margin_s()
+        eager_below = launch_below = None
         for rows in token_buckets(self.g.max_token_rows):
             tg = self._capture_tokens(rows)
-            replay_s, eager_s = self._time_token_graph(tg)
-            keep = pays(replay_s, eager_below if eager_below is not None else eager_s, margin_s)
+            replay_s, eager_s, launch_s = self._time_token_graph(tg)
+            if eager_below is None:   # (the smallest bucket: against its own eager forward)
+                eager_below, launch_below = eager_s, launch_s
+            margin_s = token_graph_margin_s(launch_below)
+            keep = pays(replay_s, eager_below, margin_s)
             if self.g.tp is not None:   # every rank's vote: all must keep it (the start-up exchange)
                 keep = all(self.g.tp.exchange(keep))
             if not keep:
                 log.info("token graphs stop below %d rows: a replay took %.2f ms, the eager forward of "
-                         "fewer rows %.2f ms (margin %.1f ms)", rows, replay_s * 1e3, (eager_below or eager_s) * 1e3,
+                         "fewer rows %.2f ms (margin %.2f ms)", rows, replay_s * 1e3, eager_below * 1e3,
                          margin_s * 1e3)
                 break
             self.token_graphs[rows] = tg
-            eager_below = eager_s
+            eager_below, launch_below = eager_s, launch_s
         torch.cuda.empty_cache()   # (what the eager forwards cached)
 
     @staticmethod
-    def _time_token_graph(tg: _Graph) -> tuple[float, float]:
-        """(seconds of a replay, of the same forward run eagerly): the faster of two each."""
-        def clock(fn) -> float:
+    def _time_token_graph(tg: _Graph) -> tuple[float, float, float]:
+        """(seconds of a replay, of the same forward run eagerly, of that eager forward's host
+        time until its launches return): the fastest of two each."""
+        def clock(fn) -> tuple[float, float]:
             t = []
             for _ in range(2):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 fn()
+                t1 = time.perf_counter()
                 torch.cuda.synchronize()
-                t.append(time.perf_counter() - t0)
-            return min(t)
-        return clock(tg.graph.replay), clock(tg.eager)
+                t.append((time.perf_counter() - t0, t1 - t0))
+            return min(x[0] for x in t), min(x[1] for x in t)
+        return clock(tg.graph.replay)[0], *clock(tg.eager)
 
     def bucket(self, B: int) -> int | None:
         """The captured batch size that holds B requests (None: above every bucket)."""

@@ -32,18 +32,23 @@ def pays(replay_s: float, eager_below_s: float, margin_s: float = 0.0) -> bool:
     return replay_s < eager_below_s + margin_s
 
 
-def token_graph_margin_s() -> float:
-    """ADASPEC_TOKEN_GRAPH_MARGIN_MS (default 0), in seconds: the margin `pays` gives replays.
+def token_graph_margin_s(launch_below_s: float) -> float:
+    """The margin `pays` gives replays, in seconds: ADASPEC_TOKEN_GRAPH_MARGIN_MS where set (0 is
+    the bare comparison of sessions before 23), else `launch_below_s`, the host time the eager
+    forward of the bucket below takes to launch its kernels.
 
-    Start-up times the bare eager forward back to back. A served eager step also loses the
-    overlap of the host's next-step work with the device, which a replay keeps. The policy
-    feeds of session 22 (H100, dense 8B) put speculative servers' eager steps with prompt rows
-    12-15 ms above replays of the same rows, where start-up saw 0.3-1.7 ms between them. The
-    default stays 0 until an A/B run on the device measures a margin; this variable is that A/B's
-    switch (a large value captures up to --cuda-graph-max-tokens)."""
+    Why the launch time: start-up times forwards alone, but a served step does more host work
+    after its forward (sampling, the next step's plan, drafting), which a replay's one launch lets
+    run beside the device and an eager forward's launches delay. An eager step then costs about
+    max(launch + the rest of the step's host work, device time), a replay max(the rest, device
+    time): up to one launch time more. Measured on an H100 (dense 8B, sessions 22-23): the bare
+    comparison's cut fell anywhere from 448 to 1,152 rows on identical servers (replay and eager
+    within 0.3-3.3 ms there); a server cut at 448 rows ran its 512-row prompt steps eagerly at
+    26.3-30.5 ms against 14.8-18.1 ms replayed; capturing to 8,192 rows gave 0.990-0.998x the
+    throughput of a cut at 768 rows, for 4.46 GiB more graph memory."""
     v = os.environ.get("ADASPEC_TOKEN_GRAPH_MARGIN_MS", "").strip()
     if not v:
-        return 0.0
+        return launch_below_s
     try:
         ms = float(v)
     except ValueError:

@@ -92,7 +92,7 @@ def _stand_in_capture(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(cuda_graph.CudaGraphs, "_record", record)
     # every token graph "pays" (a stand-in replay measures nothing: `cuda_graph.pays`)
-    monkeypatch.setattr(cuda_graph.CudaGraphs, "_time_token_graph", staticmethod(lambda tg: (0.0, 1.0)))
+    monkeypatch.setattr(cuda_graph.CudaGraphs, "_time_token_graph", staticmethod(lambda tg: (0.0, 1.0, 0.0)))
     return replays
 
 
@@ -289,9 +289,10 @@ def test_moe_targets_one_requests_prompt_replays_a_token_graph(name, tmp_path, m
 def test_token_buckets_and_where_capture_stops(agree_dir, monkeypatch):
     """Buckets: 16, 32, 64, then steps of at most an eighth (1,024 past 8,192), up to the first
     holding the step budget. Capture goes up while a replay beats the eager forward of the bucket
-    below (`pays`): with an eager forward of 40 ms at any size and replays of 1.5 ms per row,
-    the 16-row graph pays (24 ms) and the 32-row one does not (48 ms): token graphs stop at 16
-    rows, and a step of more rows runs eagerly."""
+    below plus that forward's launch time (`pays`, `token_graph_margin_s`): with an eager forward
+    of 40 ms at any size, 5 ms of it launching, and replays of 1.5 ms per row, the 16-row graph
+    pays (24 ms) and the 32-row one does not (48 ms against 45): token graphs stop at 16 rows,
+    and a step of more rows runs eagerly."""
     b = cuda_graph.token_buckets(8192)
     assert b[:5] == [16, 32, 64, 128, 192] and b[-1] == 8192
     assert all(n / m - 1 <= 0.125 for m, n in zip(b, b[1:]) if m >= 512)
@@ -299,35 +300,44 @@ def test_token_buckets_and_where_capture_stops(agree_dir, monkeypatch):
     assert cuda_graph.token_buckets(1) == [16] and cuda_graph.token_buckets(0) == []
 
     _stand_in_capture(monkeypatch)
+    launch_s = 0.005
     monkeypatch.setattr(cuda_graph.CudaGraphs, "_time_token_graph",
-                        staticmethod(lambda tg: (tg.q * 1.5e-3, 0.040)))
+                        staticmethod(lambda tg: (tg.q * 1.5e-3, 0.040, launch_s)))
     llm = LLM(agree_dir, device="cpu", dtype="float32", max_num_seqs=2, block_size=4, max_num_batched_tokens=256)
     runner = llm.engine.runner
-    runner.graphs = runner.make_graphs()
-    runner.graphs.capture_all()
-    assert list(runner.graphs.token_graphs) == [16]   # 32 rows: 48 ms against 40
+
+    def captured() -> list[int]:
+        runner.graphs = runner.make_graphs()
+        runner.graphs.capture_all()
+        return list(runner.graphs.token_graphs)
+
+    assert captured() == [16]   # 32 rows: 48 ms against 40 + 5
     sp = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     llm.generate(prompts_of_lengths([10, 40], seed=3), sp)
     launches = llm.stats()["launches"]
     assert launches["target_eager"] >= 1 and launches["target_graph"] >= 1, launches
 
-    # ADASPEC_TOKEN_GRAPH_MARGIN_MS gives replays a margin over the eager forward below: 10 ms
-    # keeps the 32-row graph (48 < 40 + 10), not the 64-row one (96 ms)
-    monkeypatch.setenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS", "10")
-    runner.graphs = runner.make_graphs()
-    runner.graphs.capture_all()
-    assert list(runner.graphs.token_graphs) == [16, 32]
+    # a forward that takes 10 ms to launch keeps the 32-row graph (48 < 40 + 10), not the 64-row
+    # one (96 ms)
+    launch_s = 0.010
+    assert captured() == [16, 32]
+    # ADASPEC_TOKEN_GRAPH_MARGIN_MS replaces the launch time: 0 is the bare comparison, 60 ms
+    # keeps the 64-row graph (96 < 40 + 60)
+    monkeypatch.setenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS", "0")
+    assert captured() == [16]
+    monkeypatch.setenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS", "60")
+    assert captured() == [16, 32, 64]   # 128 rows: 192 ms against 100
 
 
 @pytest.mark.parametrize("value", ["x", "-1", "nan"])
 def test_token_graph_margin_must_be_milliseconds(monkeypatch, value):
     monkeypatch.setenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS", value)
     with pytest.raises(ValueError, match="ADASPEC_TOKEN_GRAPH_MARGIN_MS"):
-        graph_sizes.token_graph_margin_s()
+        graph_sizes.token_graph_margin_s(0.0)
     monkeypatch.setenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS", " 2.5 ")
-    assert graph_sizes.token_graph_margin_s() == pytest.approx(0.0025)
+    assert graph_sizes.token_graph_margin_s(0.01) == pytest.approx(0.0025)
     monkeypatch.delenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS")
-    assert graph_sizes.token_graph_margin_s() == 0.0 and not graph_sizes.pays(0.02, 0.02)
+    assert graph_sizes.token_graph_margin_s(0.01) == 0.01 and not graph_sizes.pays(0.02, 0.02)
 
 
 @pytest.mark.parametrize("limit,graphs", [(0, []), (40, [16, 32, 64])])
