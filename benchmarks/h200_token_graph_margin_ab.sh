@@ -6,7 +6,7 @@
 #   bash benchmarks/h200_token_graph_margin_ab.sh SHAPE [LABEL] [LEVELS] [MARGINS_MS]   (a margin `default`: none set)
 # e.g. bash benchmarks/h200_token_graph_margin_ab.sh llama-8b chain3 16,64 0,1000
 # (1000 ms captures token graphs up to --cuda-graph-max-tokens; 0 is the bare comparison; the
-# default, no value set, is the eager forward's launch time.) Session 22's feeds put a
+# default, `default` here, is max(0, 2 x launch - eager) of the eager forward below.) Session 22's feeds put a
 # speculative server's eager steps with prompt rows 12-15 ms above replays of the same rows;
 # this measures what a wider cut gives served throughput. Then, here, on each ab_M/ directory:
 #   python3 benchmarks/feed_summary.py DIR/feeds      (steps with prompt rows by query rows)

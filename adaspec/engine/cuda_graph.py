@@ -17,7 +17,7 @@ fixed room (`FixedLaunch`); its post-forward runs eagerly. Eagerly, a step is ho
 demo pair's prompt step took 7-10 ms on the H200 for 0.2 ms of device work, the 48 layers of
 the Qwen3-30B-A3B shape ~58 ms. Where the device bounds a forward, padding costs more than the
 launches: token graphs are captured from the smallest bucket up while a replay beats the eager
-forward of the bucket below plus that forward's launch time (`graph_sizes.pays`). Larger
+forward of the bucket below costs a served step (`graph_sizes.pays`). Larger
 steps, and the post-forward of steps that are not uniform or that sample or penalize, run
 eagerly.
 
@@ -248,7 +248,7 @@ class CudaGraphs:
             replay_s, eager_s, launch_s = self._time_token_graph(tg)
             if eager_below is None:   # (the smallest bucket: against its own eager forward)
                 eager_below, launch_below = eager_s, launch_s
-            margin_s = token_graph_margin_s(launch_below)
+            margin_s = token_graph_margin_s(eager_below, launch_below)
             keep = pays(replay_s, eager_below, margin_s)
             if self.g.tp is not None:   # every rank's vote: all must keep it (the start-up exchange)
                 keep = all(self.g.tp.exchange(keep))

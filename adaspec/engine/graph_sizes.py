@@ -32,23 +32,29 @@ def pays(replay_s: float, eager_below_s: float, margin_s: float = 0.0) -> bool:
     return replay_s < eager_below_s + margin_s
 
 
-def token_graph_margin_s(launch_below_s: float) -> float:
+def token_graph_margin_s(eager_below_s: float, launch_below_s: float) -> float:
     """The margin `pays` gives replays, in seconds: ADASPEC_TOKEN_GRAPH_MARGIN_MS where set (0 is
-    the bare comparison of sessions before 23), else `launch_below_s`, the host time the eager
-    forward of the bucket below takes to launch its kernels.
+    the bare comparison of sessions 21-22), else max(0, 2 x launch - eager) of the eager forward
+    of the bucket below (`eager_below_s` its synchronized time, `launch_below_s` the host time
+    until its launches return).
 
-    Why the launch time: start-up times forwards alone, but a served step does more host work
-    after its forward (sampling, the next step's plan, drafting), which a replay's one launch lets
-    run beside the device and an eager forward's launches delay. An eager step then costs about
-    max(launch + the rest of the step's host work, device time), a replay max(the rest, device
-    time): up to one launch time more. Measured on an H100 (dense 8B, sessions 22-23): the bare
-    comparison's cut fell anywhere from 448 to 1,152 rows on identical servers (replay and eager
-    within 0.3-3.3 ms there); a server cut at 448 rows ran its 512-row prompt steps eagerly at
-    26.3-30.5 ms against 14.8-18.1 ms replayed; capturing to 8,192 rows gave 0.990-0.998x the
-    throughput of a cut at 768 rows, for 4.46 GiB more graph memory."""
+    Why: start-up times forwards alone, but a served step does more host work after its forward
+    (sampling, the next step's plan, drafting), which runs beside a replay's device work and
+    after an eager forward's launches. A served eager step then costs about max(launch + that
+    work, device time), a replay max(that work, device time). Taking that work as long as the
+    launches (session 22, H100, dense 8B: eager steps of 384-639 rows cost 11-12 ms more served
+    than replayed, about a bare eager forward there), an eager step costs max(eager, 2 x launch):
+    the margin is large where the eager forward is host-bound and 0 where the device bounds it,
+    so capture stops where padding costs more than launches save.
+
+    Measured: the bare comparison put the cut anywhere from 384 to 1,280 rows on identical
+    servers (H100 and H200, dense 8B, sessions 22-23), and a server cut at 448 rows ran its
+    512-row prompt steps eagerly at 26.3-30.5 ms against 14.8-18.1 ms replayed; capturing to
+    8,192 rows gave 0.990-0.998x the throughput of a cut at 768 rows (H100, session 23) for 4.46
+    GiB more graph memory. This rule itself has not yet run on a GPU."""
     v = os.environ.get("ADASPEC_TOKEN_GRAPH_MARGIN_MS", "").strip()
     if not v:
-        return launch_below_s
+        return max(0.0, 2 * launch_below_s - eager_below_s)
     try:
         ms = float(v)
     except ValueError:

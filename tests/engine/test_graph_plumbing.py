@@ -288,11 +288,11 @@ def test_moe_targets_one_requests_prompt_replays_a_token_graph(name, tmp_path, m
 
 def test_token_buckets_and_where_capture_stops(agree_dir, monkeypatch):
     """Buckets: 16, 32, 64, then steps of at most an eighth (1,024 past 8,192), up to the first
-    holding the step budget. Capture goes up while a replay beats the eager forward of the bucket
-    below plus that forward's launch time (`pays`, `token_graph_margin_s`): with an eager forward
-    of 40 ms at any size, 5 ms of it launching, and replays of 1.5 ms per row, the 16-row graph
-    pays (24 ms) and the 32-row one does not (48 ms against 45): token graphs stop at 16 rows,
-    and a step of more rows runs eagerly."""
+    holding the step budget. Capture goes up while a replay beats what the eager forward of the
+    bucket below costs a served step, max(eager, 2 x its launch time) (`pays`,
+    `token_graph_margin_s`): with an eager forward of 40 ms at any size, 5 ms of it launching,
+    and replays of 1.5 ms per row, the 16-row graph pays (24 ms) and the 32-row one does not (48
+    ms against 40): token graphs stop at 16 rows, and a step of more rows runs eagerly."""
     b = cuda_graph.token_buckets(8192)
     assert b[:5] == [16, 32, 64, 128, 192] and b[-1] == 8192
     assert all(n / m - 1 <= 0.125 for m, n in zip(b, b[1:]) if m >= 512)
@@ -317,11 +317,14 @@ def test_token_buckets_and_where_capture_stops(agree_dir, monkeypatch):
     launches = llm.stats()["launches"]
     assert launches["target_eager"] >= 1 and launches["target_graph"] >= 1, launches
 
-    # a forward that takes 10 ms to launch keeps the 32-row graph (48 < 40 + 10), not the 64-row
-    # one (96 ms)
+    # 10 of 40 ms launching: the device bounds it, a served step costs the 40 ms (no margin)
     launch_s = 0.010
+    assert captured() == [16]
+    # a host-bound forward, 30 of its 40 ms launching, costs a served step 60 ms: that keeps the
+    # 32-row graph (48 ms), not the 64-row one (96 ms)
+    launch_s = 0.030
     assert captured() == [16, 32]
-    # ADASPEC_TOKEN_GRAPH_MARGIN_MS replaces the launch time: 0 is the bare comparison, 60 ms
+    # ADASPEC_TOKEN_GRAPH_MARGIN_MS replaces that margin: 0 is the bare comparison, 60 ms
     # keeps the 64-row graph (96 < 40 + 60)
     monkeypatch.setenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS", "0")
     assert captured() == [16]
@@ -333,11 +336,13 @@ def test_token_buckets_and_where_capture_stops(agree_dir, monkeypatch):
 def test_token_graph_margin_must_be_milliseconds(monkeypatch, value):
     monkeypatch.setenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS", value)
     with pytest.raises(ValueError, match="ADASPEC_TOKEN_GRAPH_MARGIN_MS"):
-        graph_sizes.token_graph_margin_s(0.0)
+        graph_sizes.token_graph_margin_s(0.0, 0.0)
     monkeypatch.setenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS", " 2.5 ")
-    assert graph_sizes.token_graph_margin_s(0.01) == pytest.approx(0.0025)
+    assert graph_sizes.token_graph_margin_s(0.02, 0.015) == pytest.approx(0.0025)
     monkeypatch.delenv("ADASPEC_TOKEN_GRAPH_MARGIN_MS")
-    assert graph_sizes.token_graph_margin_s(0.01) == 0.01 and not graph_sizes.pays(0.02, 0.02)
+    # unset: 2 x launch - eager, never below 0 (a device-bound forward: the bare comparison)
+    assert graph_sizes.token_graph_margin_s(0.02, 0.015) == pytest.approx(0.01)
+    assert graph_sizes.token_graph_margin_s(0.02, 0.004) == 0.0 and not graph_sizes.pays(0.02, 0.02)
 
 
 @pytest.mark.parametrize("limit,graphs", [(0, []), (40, [16, 32, 64])])
