@@ -4,8 +4,8 @@ concurrency, for the dense shape and the MoE shape, from two load-experiment com
 (benchmarks/load_experiment.py). Writes a PNG (two panels, log2 concurrency) and a JSON of the
 ratios, and prints the tables.
 
-    python3 benchmarks/flip_plot.py --dense benchmarks/results/h200/load_experiment/compare.json \
-        --moe benchmarks/results/h200/moe/load_experiment_s7/compare.json \
+    python3 benchmarks/flip_plot.py --dense benchmarks/results/h100/load_experiment_dense_s22/compare.json \
+        --moe benchmarks/results/h200/moe/load_experiment_s23/compare.json \
         --out benchmarks/results/h200/moe/flip.png
 
 The two runs need not come from one call; the JSON records each file's path, dates and devices

@@ -41,11 +41,12 @@ def token_graph_margin_s(eager_below_s: float, launch_below_s: float) -> float:
     Why: start-up times forwards alone, but a served step does more host work after its forward
     (sampling, the next step's plan, drafting), which runs beside a replay's device work and
     after an eager forward's launches. A served eager step then costs about max(launch + that
-    work, device time), a replay max(that work, device time). Taking that work as long as the
-    launches (session 22, H100, dense 8B: eager steps of 384-639 rows cost 11-12 ms more served
-    than replayed, about a bare eager forward there), an eager step costs max(eager, 2 x launch):
-    the margin is large where the eager forward is host-bound and 0 where the device bounds it,
-    so capture stops where padding costs more than launches save.
+    work, device time), a replay max(that work, device time). Assuming that work takes as long
+    as the launches (not measured; in session 22, H100, dense 8B, eager steps of 384-639 rows
+    cost 11-12 ms more served than replayed, where the whole bare eager forward took about 15
+    ms), an eager step costs max(eager, 2 x launch): the margin is large where the eager forward
+    is host-bound and 0 where the device bounds it, so capture stops where padding costs more
+    than launches save.
 
     Measured: the bare comparison put the cut anywhere from 384 to 1,280 rows on identical
     servers (H100 and H200, dense 8B, sessions 22-23), and a server cut at 448 rows ran its
