@@ -14,7 +14,7 @@ from typing import Sequence
 
 from adaspec.bench.cli import add_bench_args, completed, counts_text, dataset_of, now_utc, sweep_config
 from adaspec.bench.client import ApiTarget, BenchError
-from adaspec.bench.configs import ServerConfig, check_flags, parse_configs, parse_policy, raising
+from adaspec.bench.configs import ServerConfig, check_flags, parse_configs, raising
 from adaspec.bench.report import (compare_rows, compare_table, plot_runs, rounds_summary, rounds_table,
                                   simulated_banner, sweep_table, write_json)
 from adaspec.bench.server import ServerProcess, free_port
@@ -33,11 +33,6 @@ def _passthrough_dests() -> tuple[str, ...]:
 
 
 PASSTHROUGH_ENGINE_FLAGS = _passthrough_dests()
-
-
-def parse_config(text: str) -> tuple[str, int | None]:
-    """'off' | 'always' | 'auto' | 'threshold:N' -> (policy, spec_disable_batch_size)."""
-    return parse_policy(text)
 
 
 def passthrough_flags(p: argparse.ArgumentParser, a: argparse.Namespace,

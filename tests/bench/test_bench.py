@@ -20,6 +20,7 @@ from adaspec.bench import cli as bench_cli
 from adaspec.bench import compare as bench_compare
 from adaspec.bench.client import (ApiTarget, build_payload, chunk_text,
                                   make_client, send_request)
+from adaspec.bench.configs import parse_policy
 from adaspec.bench.datasets import (CodeDataset, JsonlDataset, RandomDataset, SampleRequest,
                                     load_dataset)
 from adaspec.bench.metrics import (level_metrics, parse_prometheus_text, percentile, spec_counters,
@@ -612,11 +613,11 @@ def test_bench_per_level_prompt_counts_and_starts(fresh, tmp_path):
 
 
 def test_compare_helpers():
-    assert bench_compare.parse_config("threshold:8") == ("threshold", 8)
-    assert bench_compare.parse_config("auto") == ("auto", None)
+    assert parse_policy("threshold:8") == ("threshold", 8)
+    assert parse_policy("auto") == ("auto", None)
     for bad in ("threshold", "threshold:x", "threshold:0", "always:3", "sometimes"):
         with pytest.raises(ValueError):
-            bench_compare.parse_config(bad)
+            parse_policy(bad)
     import argparse
     from adaspec.config import add_engine_cli_args
     p = argparse.ArgumentParser()

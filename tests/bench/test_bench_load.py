@@ -11,7 +11,7 @@ import pytest
 from adaspec.bench import compare as bench_compare
 from adaspec.bench import experiment as X
 from adaspec.bench.client import ApiTarget, build_payload
-from adaspec.bench.configs import ServerConfig, check_flags, parse_configs, split_items
+from adaspec.bench.configs import ServerConfig, check_flags, parse_configs, parse_policy, split_items
 from adaspec.bench.datasets import SampleRequest
 from adaspec.bench.report import compare_rows, compare_table, make_figure, plot_runs, sweep_table
 from adaspec.config import add_engine_cli_args
@@ -28,7 +28,7 @@ def test_configs_old_syntax_still_parses():
     assert [(c.label, c.policy, c.disable_bs, c.flags) for c in cfgs] == [
         ("off", "off", None, ()), ("always", "always", None, ()),
         ("threshold:8", "threshold", 8, ()), ("auto", "auto", None, ())]
-    assert bench_compare.parse_config("threshold:8") == ("threshold", 8)
+    assert parse_policy("threshold:8") == ("threshold", 8)
 
 
 def test_configs_json_form_equals_the_short_form(tmp_path):
