@@ -61,6 +61,13 @@ def tiles(bm: int, dual: bool):
         yield bn, bk, nw, ns
 
 
+def down_keys(c: dict) -> dict:
+    """A tile found for the down GEMM as the launch-table keys `triton_kernels.down_launch` reads
+    (its own order included, whatever gate/up's is)."""
+    return {"DOWN_BLOCK_N": c["BLOCK_N"], "DOWN_BLOCK_K": c["BLOCK_K"], "down_num_warps": c["num_warps"],
+            "down_num_stages": c["num_stages"], "DOWN_N_FIRST": c.get("N_FIRST", 0)}
+
+
 def aligned_search(x, w13, w2, weights, ids, deadline) -> dict:
     """The aligned path's best launch at this routing, stage by stage: for each BLOCK_M, both
     alignments, gate/up's best tile and down's best tile (each GEMM timed alone), and the top-k
@@ -83,10 +90,8 @@ def aligned_search(x, w13, w2, weights, ids, deadline) -> dict:
                 if dual:
                     fn = lambda: gate_up_aligned(x, w13, inter, al, K, c)  # noqa: E731
                 else:
-                    fn = lambda: down_aligned(inter, w2, flat_w, al, {  # noqa: E731
-                        "BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 64, "DOWN_BLOCK_N": c["BLOCK_N"],
-                        "DOWN_BLOCK_K": c["BLOCK_K"], "down_num_warps": c["num_warps"],
-                        "down_num_stages": c["num_stages"], "DOWN_N_FIRST": c.get("N_FIRST", 0)}, False)
+                    fn = lambda: down_aligned(inter, w2, flat_w, al,  # noqa: E731
+                                              {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 64, **down_keys(c)}, False)
                 try:
                     fn()
                     return graph_us(fn)
@@ -123,10 +128,7 @@ def aligned_search(x, w13, w2, weights, ids, deadline) -> dict:
         per_bm.append(st)
     top = min(per_bm, key=lambda st: st["total_us"])
     g, d = top["gate_up_cfg"], top["down_cfg"]
-    cfg = {**g, "DOWN_BLOCK_N": d["BLOCK_N"], "DOWN_BLOCK_K": d["BLOCK_K"], "down_num_warps": d["num_warps"],
-           "down_num_stages": d["num_stages"]}
-    cfg["DOWN_N_FIRST"] = d.get("N_FIRST", 0)   # (down's own order, whatever gate/up's is)
-    return {"per_block_m": per_bm, "config": cfg}
+    return {"per_block_m": per_bm, "config": {**g, **down_keys(d)}}
 
 
 def small_candidates(top_k: int):
