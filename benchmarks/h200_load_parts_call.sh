@@ -24,7 +24,6 @@ for spec in "$@"; do
     levels=(); [[ $rest == *@* ]] && levels=(--levels "${rest#*@}")
     le=$R/le-$SHAPE; mkdir -p $le/feeds; export ADASPEC_POLICY_TRACE=$le/feeds/$name
     left=$((${END_S:-585} - SECONDS)); [ $left -lt 30 ] && { echo "[part $name skipped: ${left}s left]"; continue; }
-    part $left le_$name python3 benchmarks/load_experiment.py --shape $SHAPE --out-dir $le --part $name \
-        --only $labels "${levels[@]}" --waves 8 --accept-rate 0.8 --server-timeout 240 --no-llm-generate
+    le_part $left le_$name $SHAPE $le $name --only $labels "${levels[@]}"
     throughput_table $le   # the shape's parts so far
 done

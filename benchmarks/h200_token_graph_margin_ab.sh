@@ -18,9 +18,7 @@ for m in ${MARGINS//,/ }; do
     left=$((${END_S:-585} - SECONDS)); [ $left -lt 30 ] && { echo "[margin $m skipped: ${left}s left]"; continue; }
     mkdir -p $R/ab_$m/feeds
     if [ $m = default ]; then unset ADASPEC_TOKEN_GRAPH_MARGIN_MS; else export ADASPEC_TOKEN_GRAPH_MARGIN_MS=$m; fi
-    ADASPEC_POLICY_TRACE=$R/ab_$m/feeds/m$m \
-        part $left ab_$m python3 benchmarks/load_experiment.py --shape $SHAPE --out-dir $R/ab_$m --part m$m \
-        --only $LABEL --levels $LEVELS --waves 8 --accept-rate 0.8 --server-timeout 240 --no-llm-generate
+    ADASPEC_POLICY_TRACE=$R/ab_$m/feeds/m$m le_part $left ab_$m $SHAPE $R/ab_$m m$m --only $LABEL --levels $LEVELS
     grep -h "token graphs stop\|captured" $R/ab_$m/part-m$m/server-*.log | cut -c1-220
     throughput_table $R/ab_$m
 done
