@@ -3,6 +3,6 @@
 
 Modules: `datasets` (seeded prompt streams), `client` (one streamed request, SSE timing),
 `metrics` (per-level statistics, Prometheus acceptance deltas), `sweep` (closed/open-loop
-levels), `report` (tables, JSON, PNG), `server` (server subprocess), `cli` (`adaspec bench` and the sweep options),
-`compare` (`adaspec compare`).
+levels), `report` (tables, JSON, PNG), `server` (server subprocess), `cli` (`adaspec bench` and
+the sweep options), `compare` (`adaspec compare`).
 """

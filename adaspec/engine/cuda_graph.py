@@ -16,10 +16,9 @@ fixed request slots, the attention launch plan has a fixed number of programs an
 fixed room (`FixedLaunch`); its post-forward runs eagerly. Eagerly, a step is host time: the
 demo pair's prompt step took 7-10 ms on the H200 for 0.2 ms of device work, the 48 layers of
 the Qwen3-30B-A3B shape ~58 ms. Where the device bounds a forward, padding costs more than the
-launches: token graphs are captured from the smallest bucket up while a replay beats the eager
-forward of the bucket below costs a served step (`graph_sizes.pays`). Larger
-steps, and the post-forward of steps that are not uniform or that sample or penalize, run
-eagerly.
+launches: token graphs are captured from the smallest bucket up while a replay beats what the
+eager forward of the bucket below costs a served step (`graph_sizes.pays`). Larger steps, and
+the post-forward of steps that are not uniform or that sample or penalize, run eagerly.
 
 Capture stages its dummy batches with the step's own layout functions (`step_layout`,
 `verify_step`, `draft_step`) into the step's own staging buffers: the target forward's

@@ -322,7 +322,7 @@ def test_merge_parts():
     assert m["comparison"][0]["best"] == "auto"
 
 
-def test_merge_keeps_an_error_until_a_later_part_reruns_every_level():
+def test_merge_keeps_an_error_until_a_later_part_reruns_or_finishes_its_levels():
     full = _synthetic()["configs"]["auto"]
     cut = {"configs": {"auto": {**full, "levels": full["levels"][:2], "error": "interrupted"}},
            "part": {"name": "cut"}}
