@@ -21,6 +21,9 @@ over the token counts) cuts a search short, keeping the best found so far.
 
     python benchmarks/kernels/moe_sweep.py --json moe_sweep.json --configs-out moe_configs.json
     # then: cp moe_configs.json adaspec/layers/moe/moe_configs.json (read by launch_config)
+    # one bucket again (b = 256 verification: 1,024 tokens), the others kept:
+    python benchmarks/kernels/moe_sweep.py --tokens 1024 --json s.json --configs-out moe_configs.json \
+        --update adaspec/layers/moe/moe_configs.json
 """
 from __future__ import annotations
 
@@ -161,6 +164,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True)
     ap.add_argument("--configs-out", default=None, help="write the best launch per bucket (moe_configs.json format)")
+    ap.add_argument("--update", default=None, metavar="TABLE",
+                    help="with --configs-out: TABLE (a moe_configs.json) with only the swept buckets replaced")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
     ap.add_argument("--tokens", default="1,4,8,16,64,256,1024,4096")
     ap.add_argument("--device", default="cuda")
@@ -245,15 +250,32 @@ def main(argv=None) -> int:
                        "E_H_I_K": [E, H, I, K],
                        "records": records}, f, indent=1)
     if a.configs_out and any(best.values()):
-        tables = {}
-        for path, found in best.items():   # keys as triton_kernels._table reads them
-            if found:
-                table = {str(p): c for p, c in sorted(found.items())}
-                table[str(1 << 62)] = found[max(found)]
-                tables[f"E{E}_H{H}_I{I}" + ("_small" if path == "small" else "")] = table
+        base = {}
+        if a.update:
+            with open(a.update) as f:
+                base = json.load(f)
         with open(a.configs_out, "w") as f:
-            json.dump(tables, f, indent=1)
+            json.dump(launch_tables(best, E, H, I, base), f, indent=1)
     return 0
+
+
+def launch_tables(best: dict, E: int, H: int, I: int, base: dict | None = None) -> dict:
+    """The moe_configs.json tables (keys as triton_kernels._table reads them) of the launches
+    found, {path: {pairs: config}}, each under its bucket (the pairs swept). With `base` (a
+    table file's contents): that file with only the swept buckets replaced, so a sweep of some
+    token counts keeps the other buckets' measured launches. The open-ended bucket (1 << 62)
+    takes the largest finite bucket's launch."""
+    tables = {k: dict(v) for k, v in (base or {}).items()}
+    for path, found in best.items():
+        if not found:
+            continue
+        key = f"E{E}_H{H}_I{I}" + ("_small" if path == "small" else "")
+        table = {int(b): c for b, c in tables.get(key, {}).items()}
+        table.update(found)
+        table.pop(1 << 62, None)
+        table[1 << 62] = table[max(table)]
+        tables[key] = {str(b): c for b, c in sorted(table.items())}
+    return tables
 
 
 if __name__ == "__main__":
