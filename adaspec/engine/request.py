@@ -169,6 +169,8 @@ class Request:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.spec_stats = SpecStats()
+        self.sim_key: int | None = None   # simulated acceptance (benchmarks): spec_decode.simulated
+        self.sim_steps = 0
         self.logprobs: list | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list | None = ([None] * len(prompt_token_ids) if params.prompt_logprobs is not None
                                              else None)

@@ -36,7 +36,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from adaspec.config import EngineConfig
@@ -126,8 +125,6 @@ class ModelRunner:
         # every block to it (`setup`), so whatever they write lands where nothing reads.
         self.scratch_block = self.num_blocks
         phase(tp, self._allocate_kv)
-        # Simulated acceptance (benchmarks): its own stream, so it never moves real draws.
-        self.sim_generator = np.random.default_rng(cfg.spec.simulate_seed)
         self.rows: DeviceRows | None = None
         self.graphs: CudaGraphs | None = None
         self.chain = self.trees = None
@@ -367,10 +364,9 @@ class ModelRunner:
             refresh = refresh_entries(sched, lay.reqs, D if post is not None else None, vpad, N, self.rows.pad_row,
                                       self.block_size)
         vi = verify_inputs(lay, vpad, self.rows.pad_row, rows)
-        vb = stage_verify(stg, vi,
-                          simulated_draws(self.sim_generator, len(lay.verify), vpad, N, sim), refresh, N, D, lay.tree,
-                          params, [sched[i].req.seed for i in lay.verify],
-                          reqs=None if post is not None else [sched[i].req for i in lay.verify])
+        vreqs = [sched[i].req for i in lay.verify]
+        vb = stage_verify(stg, vi, simulated_draws(vreqs, vpad, N, sim, self.cfg.spec.simulate_seed), refresh, N, D,
+                          lay.tree, params, [r.seed for r in vreqs], reqs=None if post is not None else vreqs)
         if refresh is not None:
             stage_refresh_meta(stg, vb.refresh, refresh, shift, self.draft.num_layers, self.backend,
                                self.rows.block_table, self.block_size, self.draft_group)
