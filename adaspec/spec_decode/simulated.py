@@ -6,9 +6,10 @@ along the path, then the target's choice as the bonus; same outputs as `verifier
 The draws (`accept` [B, >= D] bool) are counter-based: request r's d-th draft at its s-th
 verify step is accepted iff u(key_r, s, d) < rate, with key_r a hash of r's prompt and the
 seed. So a request sees the same acceptance whatever it shares its steps with and on every
-server: two runs of one configuration differ only in timing (with draws from one stream
-consumed batch by batch, which requests shared a step moved every later draw, and two servers
-of one configuration made 0.98-1.03x each other at 8 waves a level; H100, 2026-12-05).
+server: two runs of one configuration differ only in timing. (With draws from one stream
+consumed batch by batch, which requests shared a step moved every later draw: two servers of one
+configuration made 0.98-1.03x each other at 8 waves a level; with these draws 0.999-1.009x. H100,
+benchmarks/results/h100/session24_2026-12-05/.)
 """
 from __future__ import annotations
 
