@@ -68,10 +68,10 @@ def request_key(prompt_token_ids, seed: int) -> int:
 def uniforms(keys: np.ndarray, steps: np.ndarray, depth: int) -> np.ndarray:
     """u(key, step, d) in [0, 1) for d = 1..depth: [len(keys), depth] float64, a function of its
     arguments alone (53 bits of a splitmix64 chain over key, step and d)."""
-    with np.errstate(over="ignore"):
-        base = _mix(keys.astype(np.uint64) + _mix(steps.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)))
-        d = np.arange(1, depth + 1, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03)
-        x = _mix(base[:, None] ^ d[None, :])
+    # (uint64 arrays wrap without a warning, as splitmix64 wants)
+    base = _mix(np.asarray(keys, np.uint64) + _mix(np.asarray(steps, np.uint64) + np.uint64(0x9E3779B97F4A7C15)))
+    d = np.arange(1, depth + 1, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03)
+    x = _mix(base[:, None] ^ d[None, :])
     return (x >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
 
