@@ -59,7 +59,9 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 def request_key(prompt_token_ids, seed: int) -> int:
     """The 64-bit key of a request's draws: a hash of its prompt's tokens and `seed` (the
-    engine's simulate_seed), the same on every server for the same prompt."""
+    engine's simulate_seed), the same on every server for the same prompt. So requests with one
+    prompt (n > 1, a repeated prompt) draw alike: each still accepts a draft with the rate's
+    probability, but their acceptances move together."""
     h = hashlib.blake2b(np.asarray(prompt_token_ids, dtype=np.int64).tobytes(), digest_size=8,
                         salt=(seed & _M64).to_bytes(8, "little"))
     return int.from_bytes(h.digest(), "little")
