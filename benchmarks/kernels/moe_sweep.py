@@ -37,8 +37,8 @@ import torch.nn.functional as F
 
 from adaspec.layers.moe import RouterConfig, route
 from adaspec.layers.moe.align import align
-from adaspec.layers.moe.triton_kernels import (SMALL_MAX_PAIRS, down_aligned, fit_shared_memory, fit_small,
-                                               fused_experts_triton, gate_up_aligned, plan)
+from adaspec.layers.moe.triton_kernels import (OPEN_BUCKET, SMALL_MAX_PAIRS, down_aligned, fit_shared_memory,
+                                               fit_small, fused_experts_triton, gate_up_aligned, plan, table_key)
 from bench_attention import graph_us   # (benchmarks/kernels/: one CUDA-graph timer for every sweep)
 
 SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "mixtral-8x7b": (8, 4096, 14336, 2),
@@ -263,17 +263,17 @@ def launch_tables(best: dict, E: int, H: int, I: int, base: dict | None = None) 
     """The moe_configs.json tables (keys as triton_kernels._table reads them) of the launches
     found, {path: {pairs: config}}, each under its bucket (the pairs swept). With `base` (a
     table file's contents): that file with only the swept buckets replaced, so a sweep of some
-    token counts keeps the other buckets' measured launches. The open-ended bucket (1 << 62)
+    token counts keeps the other buckets' measured launches. The open-ended bucket (OPEN_BUCKET)
     takes the largest finite bucket's launch."""
     tables = {k: dict(v) for k, v in (base or {}).items()}
     for path, found in best.items():
         if not found:
             continue
-        key = f"E{E}_H{H}_I{I}" + ("_small" if path == "small" else "")
+        key = table_key(E, H, I, small=path == "small")
         table = {int(b): c for b, c in tables.get(key, {}).items()}
         table.update(found)
-        table.pop(1 << 62, None)
-        table[1 << 62] = table[max(table)]
+        table.pop(OPEN_BUCKET, None)
+        table[OPEN_BUCKET] = table[max(table)]
         tables[key] = {str(b): c for b, c in sorted(table.items())}
     return tables
 

@@ -51,17 +51,28 @@ if triton is not None:
     from adaspec.layers.pdl import gdc_enter
 
 CONFIG_FILE = Path(__file__).with_name("moe_configs.json")
+# A table's last bucket: every larger number of pairs.
+OPEN_BUCKET = 1 << 62
+
+
+def table_key(E: int, H: int, I: int, small: bool = False) -> str:
+    """The launch table's key for one expert shape and path (moe_configs.json; the sweep writes
+    what `launch_config` reads)."""
+    return f"E{E}_H{H}_I{I}" + ("_small" if small else "")
+
+
 # Used where the sweep wrote nothing: small blocks for decode (few rows per expert), larger for prefill.
 DEFAULT_CONFIGS = {
     64: {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
     1024: {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
-    1 << 62: {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+    OPEN_BUCKET: {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
 }
 # The small path's (unmeasured) default: BLOCK_N/BLOCK_K the gate/up GEMV tile, DOWN_* the down
 # kernel's per-slot tile. Narrow N tiles because at T = 1 the grid is all the parallelism there
 # is: 8 pairs x 768/16 gate/up programs and 2048/8 down programs at the Qwen3-30B-A3B shape.
 DEFAULT_SMALL_CONFIGS = {
-    1 << 62: {"BLOCK_N": 16, "BLOCK_K": 256, "DOWN_BLOCK_N": 8, "DOWN_BLOCK_K": 128, "num_warps": 4, "num_stages": 3},
+    OPEN_BUCKET: {"BLOCK_N": 16, "BLOCK_K": 256, "DOWN_BLOCK_N": 8, "DOWN_BLOCK_K": 128, "num_warps": 4,
+                  "num_stages": 3},
 }
 
 # The small path takes N = T*k <= 64 pairs (decode up to b = 8 at top-8, b = 2 verification at
@@ -144,8 +155,7 @@ def launch_config(num_pairs: int, E: int, H: int, I: int, elem_bytes: int = 2, s
     bucket holding it, of the measured table for this (E, H, I) if there is one, fitted to the
     shared memory for `elem_bytes`-byte elements. `small_top_k` > 0: the small path's table,
     fitted by `fit_small` for that top-k."""
-    key = f"E{E}_H{H}_I{I}" + ("_small" if small_top_k else "")
-    table = _table(key)
+    table = _table(table_key(E, H, I, small=bool(small_top_k)))
     cfg = next((table[b] for b in sorted(table) if num_pairs <= b), table[max(table)])
     if small_top_k:
         return fit_small(cfg, small_top_k, elem_bytes)
