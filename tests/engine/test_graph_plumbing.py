@@ -91,7 +91,7 @@ def _stand_in_capture(monkeypatch) -> list[int]:
         return _Replay(fn, out, replays), out
 
     monkeypatch.setattr(cuda_graph.CudaGraphs, "_record", record)
-    # every token graph "pays" (a stand-in replay measures nothing: `cuda_graph.pays`)
+    # every token graph "pays" (a stand-in replay measures nothing: `graph_sizes.pays`)
     monkeypatch.setattr(cuda_graph.CudaGraphs, "_time_token_graph", staticmethod(lambda tg: (0.0, 1.0, 0.0)))
     return replays
 
