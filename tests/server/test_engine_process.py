@@ -3,8 +3,10 @@ process, bad requests refused on the server side, aborts, start-up errors, and a
 process reported instead of hanging."""
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -75,6 +77,30 @@ def test_engine_process_startup_error_and_death(llama_dir):
             ep.step(timeout=0.05)
     assert not ep.alive
     ep.close()
+
+
+@pytest.mark.slow
+def test_engine_process_killed_while_starting_is_reported(llama_dir):
+    """A child that dies before it reports (killed while it imports and loads) is an
+    EngineProcessDied that names the signal, not an error about the wrapper's own state."""
+    got = {}
+
+    def start():
+        try:
+            EngineProcess(EngineConfig.create(llama_dir, device="cpu", dtype="float32"))
+        except BaseException as ex:  # noqa: BLE001 - what the constructor raised is the result
+            got["ex"] = ex
+
+    t = threading.Thread(target=start)
+    t.start()
+    deadline = time.monotonic() + 60
+    while not (kids := [p for p in mp.active_children() if p.name == "adaspec-engine"]):
+        assert time.monotonic() < deadline, "the engine process did not start"
+        time.sleep(0.01)
+    os.kill(kids[0].pid, signal.SIGKILL)   # long before it is ready: it is still importing torch
+    t.join(60)
+    assert isinstance(got.get("ex"), EngineProcessDied), got
+    assert "killed by signal 9" in str(got["ex"])
 
 
 def test_engine_process_profile_is_written_at_a_clean_stop(llama_dir, tmp_path, monkeypatch):
